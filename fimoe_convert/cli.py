@@ -1,0 +1,205 @@
+"""Command line: parse, call the library, print. Flag names match `convert(...)`'s keyword arguments.
+
+Errors print as `error: ...` lines (exit 2 for usage, 1 for bad input or failure); a traceback
+only with FIMOE_DEBUG=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+import click
+
+from . import __version__
+from .convert import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, convert, inspect, list_targets, verify
+from .errors import FimoeError
+from .units import human
+
+
+class _DefaultGroup(click.Group):
+    """`fimoe-convert SRC OUT ...` means `fimoe-convert convert SRC OUT ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["convert", *args]
+        return super().parse_args(ctx, args)
+
+
+def _run(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except FimoeError as e:
+        if os.environ.get("FIMOE_DEBUG") == "1":
+            raise
+        for i, line in enumerate(str(e).splitlines()):
+            click.echo(("error: " if i == 0 else "") + line, err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        if os.environ.get("FIMOE_DEBUG") == "1":
+            raise
+        click.echo("error: interrupted; finished shards are kept: run the same command with --resume", err=True)
+        sys.exit(130)
+
+
+def _emit(obj, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else text)
+
+
+@click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fimoe-convert")
+def main() -> None:
+    """Convert DeepSeek V4 routed experts offline: BF16 or FlashInfer megakernel layouts.
+
+    \b
+    fimoe-convert SRC OUT [--target NAME] ...   convert (SRC: folder or Hub repo id)
+    fimoe-convert inspect SRC                   what the checkpoint holds, which targets fit
+    fimoe-convert targets                       every target and whether it runs here
+    fimoe-convert verify OUT [--deep]           hashes against the manifest
+    fimoe-convert upload OUT REPO_ID            publish a verified OUT on the Hub
+    fimoe-convert demo                          make a tiny checkpoint, convert, verify
+    """
+
+
+@main.command("convert")
+@click.argument("src")
+@click.argument("out")
+@click.option("--target", default="bf16", show_default=True, help="Target name (fimoe-convert targets).")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of SRC.")
+@click.option("--ep-size", type=int, default=1, show_default=True, help="Expert-parallel ranks to pre-shard for.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--arch", default=None, help="Compute capability to validate for, e.g. 9.0 (default: the GPU's).")
+@click.option("--max-memory", default=DEFAULT_MAX_MEMORY, show_default=True, help="Host memory budget.")
+@click.option("--shard-size", default=DEFAULT_SHARD_SIZE, show_default=True, help="Output shard size bound.")
+@click.option("--allow-lossy", is_flag=True, help="Accept a lossy repack and report it instead of failing.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted conversion into OUT.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier conversion in OUT.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, sizes and free disk; write nothing.")
+@click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@click.option("-v", "--verbose", count=True)
+@click.option("-q", "--quiet", is_flag=True)
+def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, resume,
+                overwrite, dry_run, offline, as_json, verbose, quiet):
+    """Convert the checkpoint SRC into OUT."""
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="converting", disable=quiet or as_json)
+        bar.update(done - bar.n)
+
+    command = "fimoe-convert " + shlex.join(a for a in sys.argv[1:] if a != out).replace(" convert", "", 1)
+    try:
+        res = _run(convert, src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
+                   max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, resume=resume,
+                   overwrite=overwrite, dry_run=dry_run, offline=offline, progress=progress, command=command)
+    finally:
+        if bar is not None:
+            bar.close()
+    if dry_run:
+        rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  {r['tensors']} tensors  "
+                         f"{human(r['bytes'])}{'  (kept)' if r['kept'] else ''}" for r in res.plan)
+        text = (f"plan for --target {res.target} on {res.device}: {res.shards} shards\n{rows}\n"
+                f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}"
+                + ("" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"))
+    else:
+        text = (f"converted to {res.target} on {res.device}: {res.shards} shards ({res.shards_kept} kept), "
+                f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
+        if res.report:
+            text += "\n" + json.dumps(res.report, sort_keys=True)
+    if not quiet or as_json:
+        _emit(res.to_json(), as_json, text)
+
+
+@main.command("inspect")
+@click.argument("src")
+@click.option("--revision", default=None)
+@click.option("--offline", is_flag=True)
+@click.option("--ep-size", type=int, default=1, show_default=True)
+@click.option("--arch", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
+    """What the checkpoint SRC holds and which targets fit it."""
+    r = _run(inspect, src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
+    m = r["model"]
+    lines = [f"{r['source']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
+             f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
+             f"{m['n_routed_experts']} experts top-{m['num_experts_per_tok']}, {m['num_hidden_layers']} layers "
+             f"+ {m['num_nextn_predict_layers']} MTP, {m['num_hash_layers']} hash layers",
+             f"{r['shards']} shards, {r['tensors']} tensors, {human(r['bytes'])} "
+             f"({human(r['routed_expert_bytes'])} routed experts)"]
+    lines += [f"  {k}: {v}" for k, v in r["tensor_classes"].items()]
+    lines.append("targets:")
+    for name, fit in r["targets"].items():
+        lines.append(f"  {name}: " + (fit if fit == "fits" else "no: " + "; ".join(fit)))
+    _emit(r, as_json, "\n".join(lines))
+
+
+@main.command("targets")
+@click.option("--json", "as_json", is_flag=True)
+def targets_cmd(as_json):
+    """Every target: kernel, architectures, formats, NVSHMEM, and whether it can run here now."""
+    rows = _run(list_targets)
+    lines = [f"{'target':36} {'arch':10} {'weights':24} {'nvshmem':7} {'here':4} notes"]
+    for r in rows:
+        lines.append(f"{r['name']:36} {','.join(r['capabilities']) or 'any':10} {r['weight_format']:24} "
+                     f"{'yes' if r['needs_nvshmem'] else 'no':7} {'yes' if r['available_here'] else 'no':4} "
+                     + (r["why"] if not r["available_here"] else "")
+                     + (f" aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""))
+    _emit(rows, as_json, "\n".join(lines))
+
+
+@main.command("verify")
+@click.argument("out")
+@click.option("--deep", is_flag=True, help="Also re-derive a sample of experts from the source.")
+@click.option("--src", default=None, help="Source to re-derive from (default: the one in the manifest).")
+@click.option("--json", "as_json", is_flag=True)
+def verify_cmd(out, deep, src, as_json):
+    """Check OUT against its manifest (exit 1 naming the first bad file)."""
+    r = _run(verify, out, deep=deep, src=src)
+    if r["problems"]:
+        if as_json:
+            _emit(r, True, "")
+        else:
+            click.echo(f"error: {r['problems'][0]}", err=True)
+        sys.exit(1)
+    _emit(r, as_json, f"ok: {r['files']} files, {human(r['bytes'])} match the manifest"
+          + (f"; {r['deep_checked']} units re-derived from the source match" if deep else ""))
+
+
+@main.command("upload")
+@click.argument("out")
+@click.argument("repo_id")
+@click.option("--private", is_flag=True)
+@click.option("--revision", default=None, help="Branch to upload to (created if missing).")
+@click.option("--dry-run", is_flag=True, help="List files and bytes; upload nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
+    """Publish a complete, verified OUT to the Hub repo REPO_ID."""
+    from .hub import upload
+
+    r = _run(upload, out, repo_id, private=private, revision=revision, dry_run=dry_run)
+    text = f"{'would upload' if dry_run else 'uploaded'} {r['files']} files, {r['human']} to {repo_id}@{r['revision']}"
+    if dry_run:
+        text += "\n" + "\n".join(f"  {f['file']}  {human(f['bytes'])}" for f in r["list"])
+    _emit(r, as_json, text)
+
+
+@main.command("demo")
+@click.option("--workdir", default="demo-out", show_default=True, help="Folder for the fixture and outputs.")
+@click.option("--json", "as_json", is_flag=True)
+def demo_cmd(workdir, as_json):
+    """Make a tiny V4 checkpoint, convert it to BF16 and to a FlashInfer layout, verify, summarize."""
+    from .demo import run_demo
+
+    r = _run(run_demo, workdir, log=None if as_json else click.echo)
+    _emit(r, as_json, r["summary"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,503 @@
+"""`convert(src, out, target, ...)`: the library entry point, and `verify(out, deep=...)`.
+
+Order of work: resolve SRC and validate config, index, every shard header, the experts, the target
+against the model and the options, and OUT, all before any tensor data is read and all problems at
+once; plan; then stream each output shard (temp name, fsync, rename, manifest status) while a
+background thread reads and converts ahead within the memory budget; finally index, config, card
+and the manifest with `complete: true`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from . import __version__
+from .checkpoint import parse_expert_name
+from .errors import InputError, UsageError, ValidationError
+from .hub import model_card
+from .manifest import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SCHEMA,
+    copy_file,
+    file_record,
+    read_manifest,
+    read_output_tensors,
+    remove_temporaries,
+    verify_files,
+    write_json,
+    write_manifest,
+    write_text,
+)
+from .plan import OutShard, OutTensor, Plan, Unit, ep_ranges, plan_shards
+from .safetensors_io import IO_BLOCK, PlannedTensor, ShardWriter, sha256_file
+from .source import Source, open_source
+from .targets import Target, TargetOptions, get_target
+from .units import parse_size
+
+DEFAULT_SHARD_SIZE = "5GB"
+DEFAULT_MAX_MEMORY = "8GiB"
+DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
+
+
+@dataclass
+class ConvertResult:
+    out: str
+    target: str
+    device: str
+    shards: int
+    shards_kept: int
+    bytes_read: int
+    bytes_written: int
+    seconds: float
+    dry_run: bool = False
+    free_disk: int | None = None
+    plan: list[dict] = field(default_factory=list)
+    report: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def tool_versions() -> dict:
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"name": "fimoe-convert", "version": __version__, "torch": torch.__version__.split("+")[0],
+            "safetensors": version("safetensors"), "flashinfer": version("flashinfer-python")}
+
+
+def resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device {device}: expected auto, cpu or cuda")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible to torch here; use --device cpu or auto")
+    return device
+
+
+def parse_arch(arch: str | None) -> tuple[int, int] | None:
+    if arch is None:
+        return None
+    try:
+        major, minor = (int(p) for p in arch.split("."))
+    except ValueError:
+        raise UsageError(f"--arch {arch}: expected a compute capability like 9.0 or 10.0") from None
+    return major, minor
+
+
+def _check_out(src: Path, out: Path, resume: bool, overwrite: bool) -> list[str]:
+    problems = []
+    out_r = out.resolve()
+    if out_r == src or out_r.is_relative_to(src):
+        problems.append(f"OUT {out}: lies inside SRC {src}; choose a folder outside the checkpoint "
+                        "(fimoe-convert never writes into its input)")
+    if src.is_relative_to(out_r):
+        problems.append(f"OUT {out}: contains SRC {src}; choose an empty folder elsewhere")
+    parent = out_r if out_r.exists() else out_r.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        problems.append(f"OUT {out}: {parent} is not writable; choose a folder you can write to")
+    if out_r.exists() and not out_r.is_dir():
+        problems.append(f"OUT {out}: is a file; expected a folder")
+    elif out_r.is_dir() and any(out_r.iterdir()) and not (resume or overwrite):
+        problems.append(f"OUT {out}: is not empty; pass --resume to finish an interrupted conversion, "
+                        "--overwrite to replace it, or choose an empty folder")
+    elif overwrite and out_r.is_dir() and any(out_r.iterdir()) and not (out_r / MANIFEST_NAME).exists():
+        problems.append(f"OUT {out}: --overwrite replaces only a fimoe-convert output, and this folder has no "
+                        f"{MANIFEST_NAME}; choose an empty folder")
+    return problems
+
+
+def build_plan(source: Source, target: Target, opts: TargetOptions, shard_size: int) -> Plan:
+    """Copies of every non-expert tensor, plus the target's units; packed into shards."""
+    units = target.units(source.model, opts)
+    tensors = [OutTensor(n, i.dtype, i.shape) for n, i in
+               ((n, source.info(n)) for n in source.weight_map) if parse_expert_name(n) is None]
+    tensors += [t for u in units for t in u.outputs]
+    read = sum(source.info(n).nbytes for n in source.weight_map)
+    return Plan(tuple(plan_shards(tensors, shard_size)), {u.key: u for u in units}, read)
+
+
+def _options_record(target: Target, opts: TargetOptions, shard_size: int) -> dict:
+    return {"target": target.info.name, "shard_size": shard_size, **opts.to_json()}
+
+
+def _source_record(source: Source, hashes: dict[str, str | None]) -> dict:
+    files = {}
+    for rel in source.input_files():
+        rec = source.file_record(rel, compute_hash=False)
+        files[rel] = {"size": rec.size, "sha256": hashes.get(rel) or rec.sha256}
+    return {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files}
+
+
+class _ByteBudgetQueue:
+    """A FIFO whose pending items stay under a byte budget (one item may exceed it alone)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.items: list = []
+        self.pending = 0
+        self.cv = threading.Condition()
+        self.closed = False
+
+    def put(self, item, nbytes: int) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.closed or not self.items or self.pending + nbytes <= self.budget)
+            if self.closed:
+                raise _Stopped
+            self.items.append((item, nbytes))
+            self.pending += nbytes
+            self.cv.notify_all()
+
+    def get(self):
+        with self.cv:
+            self.cv.wait_for(lambda: self.items)
+            item, nbytes = self.items.pop(0)
+            self.pending -= nbytes
+            self.cv.notify_all()
+            return item
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.items.clear()
+            self.cv.notify_all()
+
+
+class _Stopped(Exception):
+    pass
+
+
+_END = object()
+
+
+class _Producer:
+    """Background thread: reads source tensors and runs the target, in the writer's order."""
+
+    def __init__(self, plan: Plan, shards: list[OutShard], source: Source, target: Target, device: str,
+                 budget: int):
+        self.plan, self.shards, self.source, self.target, self.device = plan, shards, source, target, device
+        self.q = _ByteBudgetQueue(budget)
+        self.thread = threading.Thread(target=self._run, name="fimoe-producer", daemon=True)
+
+    def __enter__(self) -> "_Producer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.q.close()
+        self.thread.join(timeout=60)
+
+    def _run(self) -> None:
+        try:
+            for item in self._items():
+                data = item[2]
+                self.q.put(item, data.numel() * data.element_size() if isinstance(data, torch.Tensor) else 0)
+            self.q.put(_END, 0)
+        except _Stopped:
+            return
+        except BaseException as e:  # handed to the writer thread, which raises it
+            try:
+                self.q.put(e, 0)
+            except _Stopped:
+                pass
+
+    def _items(self) -> Iterator[tuple]:
+        cache_key, cache = None, {}
+        for shard in self.shards:
+            for t in shard.tensors:
+                if t.unit is None:  # byte-for-byte copy, streamed in blocks
+                    n = self.source.info(t.name).nbytes
+                    for start in range(0, max(n, 1), IO_BLOCK):
+                        end = min(n, start + IO_BLOCK)
+                        yield (shard.filename, t, self.source.read_range(t.name, start, end), end == n)
+                    continue
+                if t.unit != cache_key or t.name not in cache:
+                    unit = self.plan.units[t.unit]
+                    inputs = {n: self.source.read(n) for n in unit.inputs}
+                    cache_key, cache = t.unit, self.target.run(unit, inputs, self.device)
+                yield (shard.filename, t, cache.pop(t.name), True)
+
+    def items(self) -> Iterator[tuple]:
+        while True:
+            item = self.q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def convert(
+    src: str,
+    out: str,
+    target: str = "bf16",
+    *,
+    revision: str | None = None,
+    ep_size: int = 1,
+    device: str = "auto",
+    arch: str | None = None,
+    max_memory: str | int = DEFAULT_MAX_MEMORY,
+    shard_size: str | int = DEFAULT_SHARD_SIZE,
+    allow_lossy: bool = False,
+    resume: bool = False,
+    overwrite: bool = False,
+    dry_run: bool = False,
+    offline: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    command: str | None = None,
+) -> ConvertResult:
+    """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
+
+    `progress(done_bytes, total_bytes)` is called after every written tensor part."""
+    t0 = time.perf_counter()
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite: pass one of them, not both")
+    shard_bytes = parse_size(shard_size, "--shard-size")
+    memory_bytes = parse_size(max_memory, "--max-memory")
+    tgt = get_target(target)
+    dev = resolve_device(device)
+    cap = parse_arch(arch)
+    if cap is None and dev == "cuda":
+        cap = torch.cuda.get_device_capability()
+    opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy)
+    out_dir = Path(out).expanduser()
+
+    problems: list[str] = []
+    source = None
+    try:
+        source = open_source(src, revision=revision, offline=offline)
+    except ValidationError as e:
+        problems += e.problems
+    if source is not None:
+        problems += _check_out(source.root, out_dir, resume, overwrite)
+        problems += tgt.validate(source.model, opts)
+    if problems:
+        raise ValidationError(problems)
+    assert source is not None
+
+    plan = build_plan(source, tgt, opts, shard_bytes)
+    biggest_unit = max((u.out_bytes for u in plan.units.values()), default=0)
+    if biggest_unit * 2 > memory_bytes:
+        raise ValidationError([f"--max-memory {max_memory}: one unit of work ({max(plan.units.values(), key=lambda u: u.out_bytes).key}) "
+                               f"needs about {2 * biggest_unit} bytes (its output and its inputs); raise --max-memory"
+                               + (" or use a larger --ep-size" if tgt.info.kernel_name else "")])
+    options = _options_record(tgt, opts, shard_bytes)
+
+    kept: dict[str, dict] = {}
+    old: dict | None = None
+    if resume and (out_dir / MANIFEST_NAME).exists():
+        old = read_manifest(out_dir)
+        if old.get("options") != options:
+            changed = sorted(k for k in set(options) | set(old.get("options", {}))
+                             if options.get(k) != old.get("options", {}).get(k))
+            raise UsageError(f"--resume: {out_dir} was converted with other options ({', '.join(changed)} differ: "
+                             f"{[old.get('options', {}).get(k) for k in changed]} there, "
+                             f"{[options.get(k) for k in changed]} now); use the same options or --overwrite")
+        old_sizes = {k: v["size"] for k, v in old.get("source", {}).get("files", {}).items()}
+        new_sizes = {rel: source.file_record(rel, compute_hash=False).size for rel in source.input_files()}
+        if old_sizes != new_sizes:
+            raise UsageError(f"--resume: the source files differ from those {out_dir} was converted from; "
+                             "use --overwrite to start again")
+        for shard in plan.shards:
+            rec = old.get("files", {}).get(shard.filename)
+            path = out_dir / shard.filename
+            if (old.get("status", {}).get(shard.filename) == "written" and rec and path.is_file()
+                    and path.stat().st_size == rec["size"] and sha256_file(path) == rec["sha256"]):
+                kept[shard.filename] = rec
+
+    todo = [s for s in plan.shards if s.filename not in kept]
+    write_total = sum(s.nbytes for s in todo)
+    plan_rows = [{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
+                  "kept": s.filename in kept} for s in plan.shards]
+    disk_root = out_dir.resolve()
+    while not disk_root.exists():
+        disk_root = disk_root.parent
+    free = shutil.disk_usage(disk_root).free
+    result = ConvertResult(out=str(out_dir), target=tgt.info.name, device=dev, shards=len(plan.shards),
+                           shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=write_total,
+                           seconds=0.0, dry_run=dry_run, free_disk=free, plan=plan_rows)
+    if dry_run:
+        result.seconds = time.perf_counter() - t0
+        return result
+    if write_total * DISK_HEADROOM > free:
+        raise InputError(f"OUT {out_dir}: needs {write_total} bytes, {free} free on {disk_root}; free space "
+                         "or choose another disk")
+
+    if overwrite and out_dir.exists():
+        _clear_output(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(out_dir)
+
+    manifest = {
+        "schema": SCHEMA,
+        "complete": False,
+        "tool": tool_versions(),
+        "options": options,
+        "source": _source_record(source, {}),
+        "model": source.model.to_json(),
+        "target": _target_record(tgt, opts),
+        "ep": {"world_size": opts.ep_size,
+               "expert_ranges": [list(r) for r in ep_ranges(source.model.n_routed_experts, opts.ep_size)]},
+        "layers": tgt.layers_record(source.model, opts, list(plan.units.values())),
+        "files": dict(kept),
+        "status": {s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
+    }
+    write_manifest(out_dir, manifest)
+
+    hashes: dict[str, str | None] = {}
+    hasher = threading.Thread(target=lambda: hashes.update(
+        {rel: source.file_record(rel).sha256 for rel in source.input_files()}), name="fimoe-hash", daemon=True)
+    hasher.start()
+
+    done = 0
+    budget = max(memory_bytes - 2 * biggest_unit, IO_BLOCK)
+    with _Producer(plan, todo, source, tgt, dev, budget) as producer:
+        items = producer.items()
+        for shard in todo:
+            planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
+            with ShardWriter(out_dir / shard.filename, planned) as writer:
+                for t in shard.tensors:
+                    writer.begin_tensor(t.name)
+                    last = False
+                    while not last:
+                        fname, got, data, last = next(items)
+                        assert fname == shard.filename and got.name == t.name, (fname, got.name, t.name)
+                        writer.write_part(data)
+                        done += data.numel() * data.element_size()
+                        if progress:
+                            progress(done, write_total)
+                    writer.end_tensor()
+                rec = writer.finish()
+            manifest["files"][shard.filename] = {"size": rec.size, "sha256": rec.sha256}
+            manifest["status"][shard.filename] = "written"
+            write_manifest(out_dir, manifest)
+
+    # Metadata files last: a folder without them never looks complete.
+    weight_map = {t.name: s.filename for s in plan.shards for t in s.tensors}
+    index = {"metadata": {"total_size": sum(s.nbytes for s in plan.shards)},
+             "weight_map": dict(sorted(weight_map.items()))}
+    write_json(out_dir / INDEX_NAME, index)
+    write_json(out_dir / "config.json", tgt.update_config(source.config, source.model, opts))
+    for rel in source.extra_files:
+        if rel != "README.md":
+            copy_file(source.root / rel, out_dir / rel)
+    hasher.join()
+    manifest["source"] = _source_record(source, hashes)
+    if old and old.get("source", {}).get("files") not in (None, manifest["source"]["files"]):
+        raise InputError(f"--resume: the source files' sha256 differ from those {out_dir} was started from; "
+                         "run again with --overwrite")
+    manifest["report"] = tgt.report() if hasattr(tgt, "report") else {}
+    write_text(out_dir / "README.md", model_card(manifest, command=command))
+    for rel in [INDEX_NAME, "config.json", "README.md", *[r for r in source.extra_files if r != "README.md"]]:
+        manifest["files"][rel] = file_record(out_dir / rel)
+    manifest["complete"] = True
+    write_manifest(out_dir, manifest)
+    result.report = manifest["report"]
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _target_record(tgt: Target, opts: TargetOptions) -> dict:
+    info = tgt.info
+    return {"name": info.name, "kernel_name": info.kernel_name, "vllm_moe_backend": info.vllm_moe_backend,
+            "capabilities": list(info.capabilities), "weight_format": info.weight_format,
+            "activation_format": info.activation_format, "needs_nvshmem": info.needs_nvshmem,
+            "runtime_module": info.runtime_module, "parameters": dict(sorted(opts.params.items()))}
+
+
+def _clear_output(out_dir: Path) -> None:
+    """Remove what an earlier conversion wrote (the manifest's files, shards, temporaries)."""
+    old = read_manifest(out_dir)
+    for rel in list(old.get("files", {})) + list(old.get("status", {})):
+        (out_dir / rel).unlink(missing_ok=True)
+    for p in out_dir.glob("model-*-of-*.safetensors"):
+        p.unlink()
+    remove_temporaries(out_dir)
+    (out_dir / MANIFEST_NAME).unlink()
+
+
+def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None) -> dict:
+    """Re-hash every output file against the manifest and check index, manifest and headers agree.
+    With `deep`, re-derive `samples` converted units from the source and compare them bit for bit."""
+    out_dir = Path(out)
+    manifest = read_manifest(out_dir)
+    res = verify_files(out_dir, manifest)
+    report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
+    if res.problems or not deep:
+        return report
+    source = open_source(src or manifest["source"]["spec"], revision=manifest["source"]["revision"], offline=True)
+    tgt = get_target(manifest["target"]["name"])
+    o = manifest["options"]
+    arch = parse_arch(o["arch"])
+    opts = TargetOptions(ep_size=o["ep_size"], arch=arch, device="cpu", allow_lossy=o["allow_lossy"], params=o["params"])
+    units = tgt.units(source.model, opts)
+    step = max(1, len(units) // samples)
+    for unit in units[::step][:samples]:
+        want = tgt.run(unit, {n: source.read(n) for n in unit.inputs}, "cpu")
+        got = read_output_tensors(out_dir, list(want))
+        for name, w in want.items():
+            g = got[name]
+            if g.shape != w.shape or not torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)):
+                report["problems"].append(f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; "
+                                          "the output is damaged, convert again with --overwrite")
+        report["deep_checked"] += 1
+        if report["problems"]:
+            break
+    return report
+
+
+def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_size: int = 1,
+            arch: str | None = None) -> dict:
+    """What the checkpoint holds (geometry, tensor classes, bytes) and which targets fit it."""
+    from .targets import all_targets
+
+    source = open_source(src, revision=revision, offline=offline)
+    model = source.model
+    expert_bytes = sum(source.info(n).nbytes for n in source.weight_map if parse_expert_name(n))
+    classes: dict[str, int] = {}
+    for n in source.weight_map:
+        dtype = source.info(n).dtype
+        kind = "routed expert" if parse_expert_name(n) else "other"
+        classes[f"{kind} {dtype}"] = classes.get(f"{kind} {dtype}", 0) + 1
+    fits = {}
+    for t in all_targets():
+        opts = TargetOptions(ep_size=ep_size, arch=parse_arch(arch), device="cuda")
+        problems = [p for p in t.validate(model, opts) if not p.startswith("--device")]
+        fits[t.info.name] = problems or "fits"
+    return {"source": source.spec, "root": str(source.root), "revision": source.revision,
+            "model": model.to_json(), "shards": len(source.headers), "tensors": len(source.weight_map),
+            "bytes": source.total_bytes, "routed_expert_bytes": expert_bytes, "tensor_classes": dict(sorted(classes.items())),
+            "files": source.input_files(), "targets": fits}
+
+
+def list_targets() -> list[dict]:
+    """Every target, what it declares, and whether this machine can run its conversion now."""
+    from .targets import all_targets
+
+    rows = []
+    for t in all_targets():
+        ok, why = t.availability()
+        info = t.info
+        rows.append({"name": info.name, "kernel_name": info.kernel_name, "aliases": list(info.aliases),
+                     "vllm_moe_backend": info.vllm_moe_backend, "capabilities": list(info.capabilities),
+                     "weight_format": info.weight_format, "activation_format": info.activation_format,
+                     "needs_nvshmem": info.needs_nvshmem, "preprocess_needs_cuda": info.preprocess_needs_cuda,
+                     "needs_packages": list(info.needs_packages), "available_here": ok, "why": why,
+                     "description": info.description})
+    return rows

@@ -1,0 +1,97 @@
+"""Pure planning: which tensors go out, grouped into which output shards, and what memory a unit of
+work needs. Nothing here reads a file; the same inputs always give the same plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .checkpoint import natural_key
+from .dtypes import tensor_nbytes
+
+SHARD_NAME = "model-{i:05d}-of-{n:05d}.safetensors"
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    """One output tensor. `unit` is the key of the work unit that produces it, or None for a
+    byte-for-byte copy of the source tensor of the same name. `rank` is the EP rank whose shards
+    hold it (None: shards shared by every rank)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    unit: str | None = None
+    rank: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.dtype, self.shape)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of conversion work: source tensors in, output tensors out (one expert for BF16,
+    one MoE block and EP rank for kernel targets)."""
+
+    key: str
+    block: str
+    rank: int | None
+    experts: tuple[int, int]  # [first, last) global expert ids
+    inputs: tuple[str, ...]
+    outputs: tuple[OutTensor, ...]
+    params: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def out_bytes(self) -> int:
+        return sum(t.nbytes for t in self.outputs)
+
+
+@dataclass(frozen=True)
+class OutShard:
+    filename: str
+    tensors: tuple[OutTensor, ...]
+    rank: int | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def ep_ranges(n_experts: int, ep_size: int) -> list[tuple[int, int]]:
+    """Rank r owns experts [r*E/N, (r+1)*E/N)."""
+    per = n_experts // ep_size
+    return [(r * per, (r + 1) * per) for r in range(ep_size)]
+
+
+def order_tensors(tensors: list[OutTensor]) -> list[OutTensor]:
+    """Shared tensors first, then rank 0, 1, ...; by natural name order within each group."""
+    return sorted(tensors, key=lambda t: (-1 if t.rank is None else t.rank, natural_key(t.name)))
+
+
+def plan_shards(tensors: list[OutTensor], shard_size: int) -> list[OutShard]:
+    """Pack tensors in order into shards of at most `shard_size` bytes (a larger tensor gets a shard
+    of its own); shards never mix EP ranks, so a rank reads only its own files."""
+    groups: list[tuple[int | None, list[OutTensor]]] = []
+    size = 0
+    for t in order_tensors(tensors):
+        if not groups or groups[-1][0] != t.rank or (groups[-1][1] and size + t.nbytes > shard_size):
+            groups.append((t.rank, []))
+            size = 0
+        groups[-1][1].append(t)
+        size += t.nbytes
+    n = len(groups)
+    return [OutShard(SHARD_NAME.format(i=i + 1, n=n), tuple(ts), rank) for i, (rank, ts) in enumerate(groups)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    shards: tuple[OutShard, ...]
+    units: dict[str, Unit]
+    read_bytes: int
+
+    @property
+    def write_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+    def unit_of(self, t: OutTensor) -> Unit | None:
+        return None if t.unit is None else self.units[t.unit]

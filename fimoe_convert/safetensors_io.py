@@ -1,0 +1,307 @@
+"""safetensors files: strict header validation, raw tensor reads, and a streaming writer.
+
+Hand-written because the `safetensors` package neither validates a header with errors that
+name the tensor, nor writes a file without holding every tensor in memory (`save_file`).
+Files read and written here stay readable by `safetensors.safe_open` (tests check it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from .dtypes import DTYPES, tensor_nbytes
+from .errors import InputError
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own cap
+HEADER_ALIGN = 8  # bytes; headers are space-padded so data starts 8-aligned
+TMP_SUFFIX = ".fimoe-tmp"
+IO_BLOCK = 64 * 2**20  # bytes per read/write call when streaming large tensors
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry; offsets are absolute file offsets."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Header:
+    path: Path
+    file_size: int
+    data_start: int
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+
+
+def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Header:
+    """Validate a safetensors header. `read_json(n)` returns the n header bytes; `where` names
+    the file in errors. Checks: length vs file size, JSON, dtypes, shapes, offsets contiguous,
+    in bounds, and bytes == shape x dtype."""
+    if file_size < 8 or len(raw_len) < 8:
+        raise InputError(f"{where}: file is {file_size} bytes, too short for a safetensors header "
+                         "(8-byte length expected); the download is truncated, fetch it again")
+    (n,) = struct.unpack("<Q", raw_len)
+    if n > MAX_HEADER_BYTES:
+        raise InputError(f"{where}: header length {n} bytes exceeds the {MAX_HEADER_BYTES}-byte limit; "
+                         "the file is corrupt or not safetensors")
+    if 8 + n > file_size:
+        raise InputError(f"{where}: header length {n} bytes runs past the end of the {file_size}-byte file; "
+                         "the download is truncated, fetch it again")
+    try:
+        obj = json.loads(read_json(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{where}: header is not valid JSON ({e.__class__.__name__}: {e}); "
+                         "the file is corrupt or not safetensors") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: header is a JSON {type(obj).__name__}, expected an object")
+    metadata = obj.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise InputError(f"{where}: __metadata__ must map strings to strings")
+    data_start = 8 + n
+    data_len = file_size - data_start
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in obj.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise InputError(f"{where}: tensor {name!r}: header entry must have exactly dtype, shape, "
+                             f"data_offsets; saw {entry!r:.200}")
+        dtype, shape, offs = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPES:
+            raise InputError(f"{where}: tensor {name!r}: unknown dtype {dtype!r}; expected one of "
+                             f"{', '.join(DTYPES)}")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise InputError(f"{where}: tensor {name!r}: shape {shape!r} is not a list of non-negative ints")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
+                and 0 <= offs[0] <= offs[1]):
+            raise InputError(f"{where}: tensor {name!r}: data_offsets {offs!r} are not [begin, end] "
+                             "with 0 <= begin <= end")
+        want = tensor_nbytes(dtype, shape)
+        if offs[1] - offs[0] != want:
+            raise InputError(f"{where}: tensor {name!r}: {offs[1] - offs[0]} bytes in the file, but "
+                             f"{dtype} {shape} needs {want}; the file is corrupt")
+        tensors[name] = TensorInfo(name, dtype, tuple(shape), data_start + offs[0], data_start + offs[1])
+    cursor = data_start
+    for t in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
+        if t.start != cursor:
+            kind = "overlaps the previous tensor" if t.start < cursor else f"leaves a hole of {t.start - cursor} bytes"
+            raise InputError(f"{where}: tensor {t.name!r} at data offset {t.start - data_start} {kind} "
+                             f"(expected offset {cursor - data_start}); the file is corrupt")
+        cursor = t.end
+    if cursor != file_size:
+        what = "is truncated" if cursor > file_size else "has trailing bytes"
+        raise InputError(f"{where}: data ends at byte {cursor} but the file has {file_size} bytes: it {what}; "
+                         "fetch it again")
+    del data_len
+    return Header(Path(where), file_size, data_start, tensors, metadata)
+
+
+def read_header(path: Path, where: str | None = None) -> Header:
+    """Read and validate the header of the safetensors file at `path` (no tensor data)."""
+    where = where or str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = parse_header(f.read(8), f.read, size, where)
+    except OSError as e:
+        raise InputError(f"{where}: cannot read ({e.strerror})") from None
+    return Header(path, header.file_size, header.data_start, header.tensors, header.metadata)
+
+
+def read_bytes(path: Path, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The raw bytes of one tensor as a uint8 CPU tensor (into `out` when given)."""
+    buf = out if out is not None else torch.empty(info.nbytes, dtype=torch.uint8)
+    view = memoryview(buf.numpy()).cast("B")
+    with open(path, "rb", buffering=0) as f:
+        f.seek(info.start)
+        got = 0
+        while got < info.nbytes:
+            n = f.readinto(view[got:info.nbytes])
+            if not n:
+                raise InputError(f"{path}: tensor {info.name!r}: file ended after {got} of {info.nbytes} bytes; "
+                                 "it changed while being read or is truncated")
+            got += n
+    return buf
+
+
+def as_typed(raw: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """View raw uint8 bytes as a typed tensor of `shape` (F4 keeps its packed byte shape)."""
+    tdtype = DTYPES[dtype][1]
+    if dtype == "F4":
+        shape = (*shape[:-1], shape[-1] // 2)
+    return raw.view(tdtype).reshape(shape)
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.dtype, self.shape)
+
+
+def build_header(tensors: list[PlannedTensor], metadata: dict[str, str] | None) -> bytes:
+    """Header bytes (length prefix included) with data laid out in list order and JSON keys sorted."""
+    entries: dict[str, object] = {}
+    offset = 0
+    for t in tensors:
+        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    if metadata:
+        entries["__metadata__"] = dict(metadata)
+    body = json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()
+    body += b" " * (-(8 + len(body)) % HEADER_ALIGN)
+    return struct.pack("<Q", len(body)) + body
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a CPU tensor in row-major order (copying only if it is not contiguous)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    return memoryview(t.view(torch.uint8).reshape(-1).numpy()).cast("B") if t.numel() else memoryview(b"")
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    size: int
+    sha256: str
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ShardWriter:
+    """Streams one safetensors file: header from planned shapes, then each tensor's bytes in order.
+
+    Writes to `<path>.fimoe-tmp`, hashing as it goes; `finish()` checks every planned byte arrived,
+    fsyncs and renames. Leaving the `with` block without `finish()` deletes the temporary file."""
+
+    def __init__(self, path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
+        self.planned = list(tensors)
+        self._next = 0
+        self._left = 0
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._f = open(self.tmp, "wb")
+        self._write(build_header(self.planned, metadata))
+
+    def _write(self, data) -> None:
+        self._f.write(data)
+        self._sha.update(data)
+        self._size += len(data)
+
+    def write_tensor(self, name: str, data) -> None:
+        """Write all bytes of the next planned tensor (`data`: tensor or bytes-like)."""
+        self.begin_tensor(name)
+        self.write_part(data)
+        self.end_tensor()
+
+    def begin_tensor(self, name: str) -> None:
+        if self._left:
+            raise AssertionError(f"{self.path.name}: tensor {self.planned[self._next - 1].name!r} "
+                                 f"is missing {self._left} bytes")
+        if self._next >= len(self.planned) or self.planned[self._next].name != name:
+            want = self.planned[self._next].name if self._next < len(self.planned) else "nothing"
+            raise AssertionError(f"{self.path.name}: got tensor {name!r}, planned {want!r}")
+        self._left = self.planned[self._next].nbytes
+        self._next += 1
+
+    def write_part(self, data) -> None:
+        view = tensor_bytes(data) if isinstance(data, torch.Tensor) else memoryview(data).cast("B")
+        if len(view) > self._left:
+            raise AssertionError(f"{self.path.name}: tensor {self.planned[self._next - 1].name!r} "
+                                 f"got {len(view)} bytes with {self._left} left")
+        for i in range(0, len(view), IO_BLOCK):
+            self._write(view[i:i + IO_BLOCK])
+        self._left -= len(view)
+
+    def end_tensor(self) -> None:
+        if self._left:
+            raise AssertionError(f"{self.path.name}: tensor {self.planned[self._next - 1].name!r} "
+                                 f"is missing {self._left} bytes")
+
+    def finish(self) -> WrittenFile:
+        self.end_tensor()
+        if self._next != len(self.planned):
+            raise AssertionError(f"{self.path.name}: {len(self.planned) - self._next} planned tensors not written")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+        return WrittenFile(self._size, self._sha.hexdigest())
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._f.closed:
+            self.abort()
+
+
+def write_file(path: Path, tensors: list[tuple[PlannedTensor, object]],
+               metadata: dict[str, str] | None = None) -> WrittenFile:
+    """Write a whole safetensors file from (planned tensor, data) pairs, data laid out in list order."""
+    with ShardWriter(path, [p for p, _ in tensors], metadata) as w:
+        for p, data in tensors:
+            w.write_tensor(p.name, data)
+        return w.finish()
+
+
+def sha256_file(path: Path, block: int = IO_BLOCK) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def iter_file_blocks(path: Path, block: int = IO_BLOCK) -> Iterator[bytes]:
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(block):
+            yield chunk
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> WrittenFile:
+    """Write `data` to `path` through a temporary name, fsync and rename."""
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return WrittenFile(len(data), hashlib.sha256(data).hexdigest())

@@ -1,0 +1,43 @@
+"""Target registry: one module per target, registered under FlashInfer's own kernel name.
+
+Modules are imported on first use, and none imports FlashInfer at import time, so `targets`
+lists everything even where FlashInfer is absent."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import UsageError
+from .base import Target, TargetInfo, TargetOptions
+
+# name -> "module:Class"
+_REGISTRY: dict[str, str] = {
+    "bf16": "bf16:Bf16Target",
+}
+
+
+def target_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def _load(name: str) -> Target:
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)()
+
+
+def all_targets() -> list[Target]:
+    return [_load(n) for n in _REGISTRY]
+
+
+def get_target(name: str) -> Target:
+    """A target by its name or an alias (vLLM --moe-backend names, FlashInfer aliases)."""
+    if name in _REGISTRY:
+        return _load(name)
+    for t in all_targets():
+        if name in t.info.aliases:
+            return t
+    known = ", ".join(sorted(_REGISTRY))
+    raise UsageError(f"--target {name}: unknown target; known: {known} (aliases: fimoe-convert targets)")
+
+
+__all__ = ["Target", "TargetInfo", "TargetOptions", "all_targets", "get_target", "target_names"]

@@ -1,0 +1,237 @@
+"""Real-format tiny DeepSeek V4 checkpoints for tests, the demo and benchmarks.
+
+Every tensor class of a V4 checkpoint with its real dtype: BF16 embed/head/norms/gate, F8_E4M3 +
+F8_E8M0 128x128-block attention and shared experts, F32 hyper-connection, bias and sink tensors,
+I64 `tid2eid` in hash layers, I8 + F8_E8M0 routed experts, MTP blocks with routed experts. Experts
+of one layer straddle two shards and tensors sit in non-sorted order inside each shard.
+Deterministic: every tensor comes from its own generator seeded by (seed, name)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .checkpoint import EXPERT_LEGS, natural_key
+from .safetensors_io import PlannedTensor, ShardWriter, atomic_write_bytes
+
+BLOCK = 128  # FP8 block size of attention and shared-expert weights
+HC = 4  # hyper-connection copies
+FP4_GROUP = 32
+SCALE_SPAN = 8  # scale bytes of one expert's gate+up (and of its down) lie within this many steps
+
+
+@dataclass(frozen=True)
+class FixtureSpec:
+    hidden: int = 256
+    inter: int = 128
+    experts: int = 8
+    top_k: int = 2
+    layers: int = 3
+    hash_layers: int = 1
+    mtp: int = 1
+    vocab: int = 128
+    heads: int = 4
+    head_dim: int = 64
+    q_lora: int = 128
+    o_lora: int = 128
+    shards: int = 4
+    seed: int = 0
+    extreme_scales: bool = True  # layer 0 expert 0 uses scale bytes 1..9, expert 1 uses 246..254
+    expert_dtype: str = "fp4"  # "fp4" | "fp8" (Base checkpoints)
+    dialect: str = "v4"  # "v4" | "v4.1"
+
+
+PRESETS: dict[str, FixtureSpec] = {
+    "tiny": FixtureSpec(),
+    # V4-Flash expert geometry with few experts and layers: 5 MoE blocks x 16 experts, ~4 GB of BF16 out.
+    "flash-geometry": FixtureSpec(hidden=4096, inter=2048, experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
+                                  vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
+                                  extreme_scales=False),
+}
+
+
+def _gen(spec: FixtureSpec, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed(spec.seed * 1_000_003 + zlib.crc32(name.encode()))
+
+
+def _bf16(g, shape):
+    return (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+
+
+def _f32(g, shape):
+    return torch.randn(shape, generator=g, dtype=torch.float32)
+
+
+def _fp8_bytes(g, shape):
+    b = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    b[(b & 0x7F) == 0x7F] = 0x3C  # keep clear of E4M3 NaN codes
+    return b.view(torch.float8_e4m3fn)
+
+
+def _e8m0(g, shape, lo=115, hi=125):
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+
+
+def _expert_scale_range(spec: FixtureSpec, block: str, expert: int, leg: str) -> tuple[int, int]:
+    """Scale bytes [lo, hi] of one expert matrix: within SCALE_SPAN, gate and up sharing a window."""
+    if spec.extreme_scales and block == "layers.0" and expert in (0, 1):
+        return (1, 1 + SCALE_SPAN) if expert == 0 else (254 - SCALE_SPAN, 254)
+    g = torch.Generator().manual_seed(spec.seed * 7919 + zlib.crc32(f"{block}.{expert}.{leg == 'w2'}".encode()))
+    base = int(torch.randint(110, 121, (1,), generator=g))
+    return base, base + SCALE_SPAN
+
+
+def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
+    """name -> (kind, shape, extra); data is made on demand by `_make`."""
+    h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
+    t: dict[str, tuple] = {}
+
+    def fp8(name, out, inp):
+        t[f"{name}.weight"] = ("fp8", (out, inp), None)
+        t[f"{name}.scale"] = ("e8m0", (math.ceil(out / BLOCK), math.ceil(inp / BLOCK)), None)
+
+    def block(prefix, hashed, compressor):
+        t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
+        t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
+        for part in ("attn", "ffn"):
+            t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
+            t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
+            t[f"{prefix}.hc_{part}_scale"] = ("f32", (3,), None)
+        a = f"{prefix}.attn"
+        fp8(f"{a}.wq_a", spec.q_lora, h)
+        t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
+        fp8(f"{a}.wq_b", spec.heads * spec.head_dim, spec.q_lora)
+        fp8(f"{a}.wkv", spec.head_dim, h)
+        t[f"{a}.kv_norm.weight"] = ("bf16", (spec.head_dim,), None)
+        fp8(f"{a}.wo_a", spec.o_lora, spec.heads * spec.head_dim)
+        fp8(f"{a}.wo_b", h, spec.o_lora)
+        t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
+        if compressor:
+            t[f"{a}.compressor.wkv.weight"] = ("bf16", (2 * spec.head_dim, h), None)
+            t[f"{a}.compressor.wgate.weight"] = ("bf16", (2 * spec.head_dim, h), None)
+            t[f"{a}.compressor.ape"] = ("f32", (4, 2 * spec.head_dim), None)
+            t[f"{a}.compressor.norm.weight"] = ("bf16", (spec.head_dim,), None)
+        f = f"{prefix}.ffn"
+        t[f"{f}.gate.weight"] = ("bf16", (e, h), None)
+        if hashed:
+            t[f"{f}.gate.tid2eid"] = ("tid2eid", (v, spec.top_k), None)
+        else:
+            t[f"{f}.gate.bias"] = ("f32", (e,), None)
+        fp8(f"{f}.shared_experts.w1", i, h)
+        fp8(f"{f}.shared_experts.w3", i, h)
+        fp8(f"{f}.shared_experts.w2", h, i)
+        for j in range(e):
+            for leg in EXPERT_LEGS:
+                out, inp = (h, i) if leg == "w2" else (i, h)
+                name = f"{f}.experts.{j}.{leg}"
+                if spec.expert_dtype == "fp4":
+                    t[f"{name}.weight"] = ("fp4", (out, inp // 2), None)
+                    t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
+                else:
+                    t[f"{name}.weight"] = ("fp8", (out, inp), None)
+                    t[f"{name}.scale"] = ("f32scale", (math.ceil(out / BLOCK), math.ceil(inp / BLOCK)), None)
+
+    t["embed.weight"] = ("bf16", (v, h), None)
+    for li in range(spec.layers):
+        block(f"layers.{li}", li < spec.hash_layers, compressor=li % 2 == 1)
+    for k in range(spec.mtp):
+        p = f"mtp.{k}"
+        block(p, False, compressor=False)
+        fp8(f"{p}.e_proj", h, h)
+        fp8(f"{p}.h_proj", h, h)
+        t[f"{p}.enorm.weight"] = ("bf16", (h,), None)
+        t[f"{p}.hnorm.weight"] = ("bf16", (h,), None)
+        t[f"{p}.norm.weight"] = ("bf16", (h,), None)
+    t["norm.weight"] = ("bf16", (h,), None)
+    t["head.weight"] = ("bf16", (v, h), None)
+    t["hc_head_fn"] = ("f32", (HC, HC * h), None)
+    t["hc_head_base"] = ("f32", (HC,), None)
+    t["hc_head_scale"] = ("f32", (1,), None)
+    return t
+
+
+_ST = {"bf16": "BF16", "f32": "F32", "fp8": "F8_E4M3", "e8m0": "F8_E8M0", "fp4": "I8", "tid2eid": "I64",
+       "f32scale": "F32"}
+
+
+def _make(spec: FixtureSpec, name: str, kind: str, shape: tuple, extra) -> torch.Tensor:
+    g = _gen(spec, name)
+    if kind == "bf16":
+        return _bf16(g, shape)
+    if kind in ("f32", "f32scale"):
+        return _f32(g, shape).abs() * 1e-3 + (1e-4 if kind == "f32scale" else 0)
+    if kind == "fp8":
+        return _fp8_bytes(g, shape)
+    if kind == "e8m0":
+        lo, hi = extra or (115, 125)
+        return _e8m0(g, shape, lo, hi)
+    if kind == "fp4":  # every code 0..15 appears, -0 (code 8) included
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).view(torch.int8)
+    if kind == "tid2eid":
+        return torch.randint(0, spec.experts, shape, generator=g, dtype=torch.int64)
+    raise AssertionError(kind)
+
+
+def _config(spec: FixtureSpec) -> dict:
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
+             "weight_block_size": [BLOCK, BLOCK] if spec.dialect == "v4" else [32, 32]}
+    text = {
+        "hidden_size": spec.hidden, "moe_intermediate_size": spec.inter, "n_routed_experts": spec.experts,
+        "n_shared_experts": 1, "num_experts_per_tok": spec.top_k, "num_hidden_layers": spec.layers,
+        "num_hash_layers": spec.hash_layers, "num_nextn_predict_layers": spec.mtp, "vocab_size": spec.vocab,
+        "num_attention_heads": spec.heads, "head_dim": spec.head_dim, "q_lora_rank": spec.q_lora,
+        "o_lora_rank": spec.o_lora, "hc_mult": HC, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+    }
+    if spec.dialect == "v4":
+        cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", **text,
+               "quantization_config": quant}
+        if spec.expert_dtype == "fp4":
+            cfg["expert_dtype"] = "fp4"
+        return cfg
+    quant["expert_dtype"] = spec.expert_dtype
+    return {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+            "text_config": {"model_type": "deepseek_v41_text", **text}, "quantization_config": quant}
+
+
+def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> Path:
+    """Write a real-format DeepSeek V4 checkpoint into `out_dir`; returns the folder."""
+    spec = dataclasses.replace(PRESETS[preset], **overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = _tensors(spec)
+    names = sorted(tensors, key=natural_key)
+    sizes = [PlannedTensor(n, _ST[tensors[n][0]], tensors[n][1]).nbytes for n in names]
+    per_shard = math.ceil(sum(sizes) / spec.shards)
+    groups: list[list[str]] = [[]]
+    acc = 0
+    for n, size in zip(names, sizes):
+        if acc >= per_shard and len(groups) < spec.shards:
+            groups.append([])
+            acc = 0
+        groups[-1].append(n)
+        acc += size
+    weight_map = {}
+    total = 0
+    for k, group in enumerate(groups):
+        fname = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        order = [group[p] for p in torch.randperm(len(group), generator=_gen(spec, fname)).tolist()]
+        planned = [PlannedTensor(n, _ST[tensors[n][0]], tensors[n][1]) for n in order]
+        with ShardWriter(out / fname, planned) as w:
+            for p in planned:
+                w.write_tensor(p.name, _make(spec, p.name, *tensors[p.name]))
+            w.finish()
+        weight_map.update({n: fname for n in group})
+        total += sum(p.nbytes for p in planned)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    atomic_write_bytes(out / "model.safetensors.index.json", (json.dumps(index, indent=2) + "\n").encode())
+    atomic_write_bytes(out / "config.json", (json.dumps(_config(spec), indent=2) + "\n").encode())
+    atomic_write_bytes(out / "tokenizer.json", b'{"version": "1.0", "model": {"type": "BPE", "vocab": {}}}\n')
+    atomic_write_bytes(out / "tokenizer_config.json", b'{"bos_token": "<s>", "eos_token": "</s>"}\n')
+    atomic_write_bytes(out / "generation_config.json", b'{"temperature": 0.6, "top_p": 0.95}\n')
+    return out
