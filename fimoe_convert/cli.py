@@ -43,6 +43,10 @@ def _run(fn, *args, **kwargs):
         sys.exit(130)
 
 
+def _default(ctx: click.Context, name: str):
+    return next(p.default for p in ctx.command.params if p.name == name)
+
+
 def _emit(obj, as_json: bool, text: str) -> None:
     click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else text)
 
@@ -93,7 +97,10 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
             bar = tqdm(total=total, unit="B", unit_scale=True, desc="converting", disable=quiet or as_json)
         bar.update(done - bar.n)
 
-    command = "fimoe-convert " + shlex.join(a for a in sys.argv[1:] if a != out).replace(" convert", "", 1)
+    ctx = click.get_current_context()
+    shown = [f"--{k.replace('_', '-')} {v}" for k, v in ctx.params.items()
+             if k in ("target", "revision", "ep_size", "arch", "shard_size") and v != _default(ctx, k)]
+    command = " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if allow_lossy else [])])
     try:
         res = _run(convert, src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
                    max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, resume=resume,

@@ -399,8 +399,11 @@ def convert(
             copy_file(source.root / rel, out_dir / rel)
     hasher.join()
     manifest["source"] = _source_record(source, hashes)
-    if old and old.get("source", {}).get("files") not in (None, manifest["source"]["files"]):
-        raise InputError(f"--resume: the source files' sha256 differ from those {out_dir} was started from; "
+    old_files = (old or {}).get("source", {}).get("files", {})
+    changed = [rel for rel, rec in manifest["source"]["files"].items()
+               if old_files.get(rel, {}).get("sha256") not in (None, rec["sha256"])]
+    if changed:
+        raise InputError(f"--resume: the sha256 of {', '.join(changed)} differs from when {out_dir} was started; "
                          "run again with --overwrite")
     manifest["report"] = tgt.report() if hasattr(tgt, "report") else {}
     write_text(out_dir / "README.md", model_card(manifest, command=command))

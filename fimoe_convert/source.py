@@ -118,8 +118,10 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool) -> tuple
 
     offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
     try:
+        # The cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts.
         snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
-                                                      local_files_only=offline))
+                                                      local_files_only=offline,
+                                                      cache_dir=os.environ.get("HF_HUB_CACHE")))
     except LocalEntryNotFoundError:
         hint = "run once without --offline/HF_HUB_OFFLINE=1 to fetch it" if offline else "check the network"
         raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; {hint}") from None

@@ -207,15 +207,22 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> P
     tensors = _tensors(spec)
     names = sorted(tensors, key=natural_key)
     sizes = [PlannedTensor(n, _ST[tensors[n][0]], tensors[n][1]).nbytes for n in names]
-    per_shard = math.ceil(sum(sizes) / spec.shards)
+    # Size-balanced groups, then one more cut in the middle of a layer's experts so they straddle two shards.
+    per_shard = math.ceil(sum(sizes) / max(1, spec.shards - 1))
     groups: list[list[str]] = [[]]
     acc = 0
     for n, size in zip(names, sizes):
-        if acc >= per_shard and len(groups) < spec.shards:
+        if acc >= per_shard and len(groups) < spec.shards - 1:
             groups.append([])
             acc = 0
         groups[-1].append(n)
         acc += size
+    cut = f"layers.{min(1, spec.layers - 1)}.ffn.experts.{spec.experts // 2}.w1.weight"
+    for k, group in enumerate(groups):
+        if cut in group and group.index(cut) > 0:
+            at = group.index(cut)
+            groups[k:k + 1] = [group[:at], group[at:]]
+            break
     weight_map = {}
     total = 0
     for k, group in enumerate(groups):
@@ -235,3 +242,26 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> P
     atomic_write_bytes(out / "tokenizer_config.json", b'{"bos_token": "<s>", "eos_token": "</s>"}\n')
     atomic_write_bytes(out / "generation_config.json", b'{"temperature": 0.6, "top_p": 0.95}\n')
     return out
+
+
+def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, commit: str = "c0ffee" * 6 + "c0ff") -> Path:
+    """Lay `ckpt_dir` out as a Hugging Face cache entry (blobs named by sha256, snapshot links, refs/main),
+    so the real huggingface_hub code resolves `repo_id` offline. Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    repo = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}"
+    blobs, snap = repo / "blobs", repo / "snapshots" / commit
+    blobs.mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for f in sorted(Path(ckpt_dir).iterdir()):
+        data = f.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        (blobs / sha).write_bytes(data)
+        link = snap / f.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(f"../../blobs/{sha}", link)
+    return snap

@@ -1,0 +1,85 @@
+"""The command line: exit codes, one-line errors without tracebacks, --json, dry run, inspect, targets."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from fimoe_convert.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_convert_then_verify_json(tiny_ckpt, tmp_path):
+    out = tmp_path / "out"
+    r = run(str(tiny_ckpt), str(out), "--target", "bf16", "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["target"] == "bf16" and summary["shards"] == 1 and summary["bytes_written"] > 0
+    r = run("verify", str(out), "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["problems"] == []
+    card = (out / "README.md").read_text()
+    assert f"fimoe-convert {tiny_ckpt} OUT\n" in card
+
+
+def test_dry_run_prints_plan(tiny_ckpt, tmp_path):
+    r = run(str(tiny_ckpt), str(tmp_path / "out"), "--dry-run", "--shard-size", "3MB", "--device", "cpu")
+    assert r.exit_code == 0
+    assert "plan for --target bf16 on cpu: 3 shards" in r.stdout and "free disk" in r.stdout
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, code, match", [
+    (["--target", "nope"], 2, r"^error: --target nope: unknown target; known: bf16"),
+    (["--shard-size", "lots"], 2, r"^error: --shard-size: cannot read size 'lots'"),
+    (["--ep-size", "3"], 1, r"^error: --ep-size 3: must divide the 8 routed experts"),
+    (["--resume", "--overwrite"], 2, r"^error: --resume and --overwrite: pass one of them, not both"),
+])
+def test_bad_flags(tiny_ckpt, tmp_path, args, code, match):
+    r = run(str(tiny_ckpt), str(tmp_path / "out"), *args)
+    assert r.exit_code == code
+    assert "Traceback" not in r.output
+    import re
+    assert re.search(match, r.stderr, re.M), r.stderr
+
+
+def test_bad_input_exit_1_one_line(tiny_copy, tmp_path):
+    (tiny_copy / "config.json").write_text('{"model_type": "llama"}')
+    r = run(str(tiny_copy), str(tmp_path / "out"))
+    assert r.exit_code == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "model_type is 'llama'" in r.stderr
+
+
+def test_verify_names_the_bad_file(tiny_ckpt, tmp_path):
+    out = tmp_path / "out"
+    assert run(str(tiny_ckpt), str(out), "-q").exit_code == 0
+    shard = next(out.glob("model-*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    r = run("verify", str(out))
+    assert r.exit_code == 1 and shard.name in r.stderr and "sha256" in r.stderr
+
+
+def test_inspect_and_targets(tiny_ckpt):
+    r = run("inspect", str(tiny_ckpt))
+    assert r.exit_code == 0
+    assert "deepseek_v4 (v4), experts fp4, hidden 256, moe_intermediate 128, 8 experts top-2, 3 layers + 1 MTP" in r.stdout
+    assert "routed expert I8: 96" in r.stdout and "bf16: fits" in r.stdout
+    r = run("targets", "--json")
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert rows["bf16"]["available_here"] is True
+
+
+def test_traceback_only_with_debug(tiny_copy, tmp_path):
+    (tiny_copy / "config.json").write_text('{"model_type": "llama"}')
+    cmd = [sys.executable, "-m", "fimoe_convert", str(tiny_copy), str(tmp_path / "out")]
+    plain = subprocess.run(cmd, capture_output=True, text=True)
+    debug = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "FIMOE_DEBUG": "1"})
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
