@@ -13,7 +13,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "dtypes": frozenset(),
     "units": frozenset({"errors"}),
-    "numerics": frozenset({"errors"}),
+    "numerics": frozenset({"errors", "dtypes"}),
     "checkpoint": frozenset({"errors", "units"}),
     "safetensors_io": frozenset({"errors", "dtypes"}),
     "manifest": frozenset({"errors", "safetensors_io"}),

@@ -13,6 +13,7 @@ from .base import Target, TargetInfo, TargetOptions
 # name -> "module:Class"
 _REGISTRY: dict[str, str] = {
     "bf16": "bf16:Bf16Target",
+    "megamoe_sm90_mxfp4": "megamoe_sm90_mxfp4:MegaMoeSm90Mxfp4",
 }
 
 

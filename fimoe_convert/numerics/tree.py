@@ -1,0 +1,89 @@
+"""Faithful storage of the objects FlashInfer's preprocess functions return: nested tuples/lists of
+tensors, None slots and plain values. `flatten` gives a JSON structure plus the tensors to store;
+`unflatten` rebuilds the same object: same nesting, dtypes, shapes, strides and bytes.
+
+A non-contiguous tensor is stored as the span of its storage that it covers, and rebuilt as an
+`as_strided` view of that span (never `.contiguous()`-ed), so K-major layouts stay K-major.
+Dtypes safetensors lacks (float4_e2m1fn_x2) are stored as their bytes and viewed back."""
+
+from __future__ import annotations
+
+import torch
+
+from ..dtypes import torch_dtype_from_name, torch_dtype_name
+
+_STORED_AS_BYTES = {torch.float4_e2m1fn_x2}
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements of storage a strided tensor reaches, from its first element."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def flatten(obj, prefix: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(structure, {name: contiguous tensor to store}); tensor names are `prefix.<path>`."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(x, path: str):
+        if x is None:
+            return {"none": True}
+        if isinstance(x, (tuple, list)):
+            return {"tuple" if isinstance(x, tuple) else "list": [walk(v, f"{path}.{i}") for i, v in enumerate(x)]}
+        if isinstance(x, torch.Tensor):
+            name = path
+            node = {"tensor": name, "dtype": torch_dtype_name(x.dtype), "shape": list(x.shape)}
+            if x.is_contiguous():
+                stored = x.detach()
+            else:
+                stored = torch.as_strided(x.detach(), (_span(x),), (1,), x.storage_offset()).clone()
+                node["stride"] = list(x.stride())
+            if x.dtype in _STORED_AS_BYTES:
+                stored = stored.view(torch.uint8)
+            tensors[name] = stored.contiguous()
+            return node
+        if isinstance(x, (bool, int, float, str)):
+            return {"value": x}
+        raise TypeError(f"{path}: cannot store a {type(x).__name__} from FlashInfer's output")
+
+    return walk(obj, prefix), tensors
+
+
+def unflatten(node: dict, tensors: dict[str, torch.Tensor]):
+    """Rebuild what `flatten` stored, from the stored tensors by name (on any device)."""
+    if "none" in node:
+        return None
+    if "tuple" in node:
+        return tuple(unflatten(n, tensors) for n in node["tuple"])
+    if "list" in node:
+        return [unflatten(n, tensors) for n in node["list"]]
+    if "value" in node:
+        return node["value"]
+    t = tensors[node["tensor"]]
+    dtype = torch_dtype_from_name(node["dtype"])
+    if t.dtype != dtype:
+        t = t.view(dtype)
+    if "stride" in node:
+        return t.as_strided(node["shape"], node["stride"], 0)
+    return t.reshape(node["shape"])
+
+
+def tensor_names(node: dict) -> list[str]:
+    """Every stored tensor name in a structure, in order."""
+    if "tensor" in node:
+        return [node["tensor"]]
+    return [n for child in node.get("tuple", node.get("list", [])) for n in tensor_names(child)]
+
+
+def same_object(a, b) -> bool:
+    """Structure, dtypes, shapes, strides and bytes all equal (what the tests call bit-identical)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_object(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and a.stride() == b.stride()
+                and torch.equal(a.cpu().contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8)))
+    return a == b
