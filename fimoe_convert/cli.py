@@ -77,6 +77,8 @@ def main() -> None:
 @click.option("--max-memory", default=DEFAULT_MAX_MEMORY, show_default=True, help="Host memory budget.")
 @click.option("--shard-size", default=DEFAULT_SHARD_SIZE, show_default=True, help="Output shard size bound.")
 @click.option("--allow-lossy", is_flag=True, help="Accept a lossy repack and report it instead of failing.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Kernel parameter, e.g. fp8_scale_mode=blockwise (fimoe-convert targets lists them).")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into OUT.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier conversion in OUT.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, sizes and free disk; write nothing.")
@@ -84,10 +86,15 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
-def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, resume,
+def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, params, resume,
                 overwrite, dry_run, offline, as_json, verbose, quiet):
     """Convert the checkpoint SRC into OUT."""
     bar = None
+    bad = [p for p in params if "=" not in p]
+    if bad:
+        click.echo(f"error: --param {bad[0]}: expected KEY=VALUE", err=True)
+        sys.exit(2)
+    params = dict(p.split("=", 1) for p in params)
 
     def progress(done: int, total: int) -> None:
         nonlocal bar
@@ -100,10 +107,11 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
     ctx = click.get_current_context()
     shown = [f"--{k.replace('_', '-')} {v}" for k, v in ctx.params.items()
              if k in ("target", "revision", "ep_size", "arch", "shard_size") and v != _default(ctx, k)]
-    command = " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if allow_lossy else [])])
+    command = " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if allow_lossy else []),
+                        *[f"--param {k}={v}" for k, v in sorted(params.items())]])
     try:
         res = _run(convert, src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
-                   max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, resume=resume,
+                   max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
                    overwrite=overwrite, dry_run=dry_run, offline=offline, progress=progress, command=command)
     finally:
         if bar is not None:
@@ -152,9 +160,9 @@ def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
 def targets_cmd(as_json):
     """Every target: kernel, architectures, formats, NVSHMEM, and whether it can run here now."""
     rows = _run(list_targets)
-    lines = [f"{'target':36} {'arch':10} {'weights':24} {'nvshmem':7} {'here':4} notes"]
+    lines = [f"{'target':34} {'arch':10} {'weights':8} {'nvshmem':7} {'here':4} notes"]
     for r in rows:
-        lines.append(f"{r['name']:36} {','.join(r['capabilities']) or 'any':10} {r['weight_format']:24} "
+        lines.append(f"{r['name']:34} {','.join(r['capabilities']) or 'any':10} {r['weight_format'].split()[0]:8} "
                      f"{'yes' if r['needs_nvshmem'] else 'no':7} {'yes' if r['available_here'] else 'no':4} "
                      + (r["why"] if not r["available_here"] else "")
                      + (f" aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""))

@@ -255,6 +255,7 @@ def convert(
     max_memory: str | int = DEFAULT_MAX_MEMORY,
     shard_size: str | int = DEFAULT_SHARD_SIZE,
     allow_lossy: bool = False,
+    params: dict | None = None,
     resume: bool = False,
     overwrite: bool = False,
     dry_run: bool = False,
@@ -275,7 +276,7 @@ def convert(
     cap = parse_arch(arch)
     if cap is None and dev == "cuda":
         cap = torch.cuda.get_device_capability()
-    opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy)
+    opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}))
     out_dir = Path(out).expanduser()
 
     problems: list[str] = []

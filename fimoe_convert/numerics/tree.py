@@ -8,6 +8,9 @@ Dtypes safetensors lacks (float4_e2m1fn_x2) are stored as their bytes and viewed
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
 import torch
 
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
@@ -22,15 +25,22 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
-def flatten(obj, prefix: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(structure, {name: contiguous tensor to store}); tensor names are `prefix.<path>`."""
+def flatten(obj, prefix: str, top_names: tuple[str, ...] = ()) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(structure, {name: contiguous tensor to store}); tensor names are `prefix.<path>`, where a path
+    step is a tuple index (the outermost named by `top_names`, e.g. fc1/fc2) or a dataclass field."""
     tensors: dict[str, torch.Tensor] = {}
 
     def walk(x, path: str):
         if x is None:
             return {"none": True}
         if isinstance(x, (tuple, list)):
-            return {"tuple" if isinstance(x, tuple) else "list": [walk(v, f"{path}.{i}") for i, v in enumerate(x)]}
+            names = top_names if path == prefix and top_names and len(top_names) == len(x) else range(len(x))
+            return {"tuple" if isinstance(x, tuple) else "list": [walk(v, f"{path}.{n}") for n, v in zip(names, x)]}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            cls = type(x)
+            return {"dataclass": f"{cls.__module__}:{cls.__qualname__}",
+                    "fields": {f.name: walk(getattr(x, f.name), f"{path}.{f.name}")
+                               for f in dataclasses.fields(x) if f.init}}
         if isinstance(x, torch.Tensor):
             name = path
             node = {"tensor": name, "dtype": torch_dtype_name(x.dtype), "shape": list(x.shape)}
@@ -60,6 +70,12 @@ def unflatten(node: dict, tensors: dict[str, torch.Tensor]):
         return [unflatten(n, tensors) for n in node["list"]]
     if "value" in node:
         return node["value"]
+    if "dataclass" in node:
+        module, qualname = node["dataclass"].split(":")
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        return cls(**{k: unflatten(v, tensors) for k, v in node["fields"].items()})
     t = tensors[node["tensor"]]
     dtype = torch_dtype_from_name(node["dtype"])
     if t.dtype != dtype:
@@ -73,7 +89,8 @@ def tensor_names(node: dict) -> list[str]:
     """Every stored tensor name in a structure, in order."""
     if "tensor" in node:
         return [node["tensor"]]
-    return [n for child in node.get("tuple", node.get("list", [])) for n in tensor_names(child)]
+    children = node.get("tuple") or node.get("list") or list(node.get("fields", {}).values())
+    return [n for child in children for n in tensor_names(child)]
 
 
 def same_object(a, b) -> bool:
@@ -82,6 +99,9 @@ def same_object(a, b) -> bool:
         return a is None and b is None
     if isinstance(a, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(same_object(x, y) for x, y in zip(a, b))
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(same_object(getattr(a, f.name), getattr(b, f.name))
+                                          for f in dataclasses.fields(a))
     if isinstance(a, torch.Tensor):
         return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
                 and a.stride() == b.stride()

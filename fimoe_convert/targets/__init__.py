@@ -14,6 +14,16 @@ from .base import Target, TargetInfo, TargetOptions
 _REGISTRY: dict[str, str] = {
     "bf16": "bf16:Bf16Target",
     "megamoe_sm90_mxfp4": "megamoe_sm90_mxfp4:MegaMoeSm90Mxfp4",
+    "sm100_mxfp8_mxfp4_bf16_cutedsl": "sm100_mxfp8_mxfp4_bf16_cutedsl:Sm100Mxfp8Mxfp4",
+    "sm107_mxfp8_mxfp4_bf16_cutedsl": "sm107_mxfp8_mxfp4_bf16_cutedsl:Sm107Mxfp8Mxfp4",
+    "sm107_mxfp4_mxfp4_bf16_cutedsl": "sm107_mxfp4_mxfp4_bf16_cutedsl:Sm107Mxfp4Mxfp4",
+    "sm120_mxfp4_mxfp8_bf16_cake": "sm120_mxfp4_mxfp8_bf16_cake:Sm120Mxfp4Mxfp8Cake",
+    "sm100_bf16_bf16_bf16_cutedsl": "sm100_bf16_bf16_bf16_cutedsl:Sm100Bf16",
+    "sm100_mxfp8_mxfp8_bf16_cutedsl": "sm100_mxfp8_mxfp8_bf16_cutedsl:Sm100Mxfp8Mxfp8",
+    "sm90_fp8_fp8_bf16_pull_cutedsl": "sm90_fp8_fp8_bf16_pull_cutedsl:Sm90Fp8Fp8Pull",
+    "sm100_nvfp4_nvfp4_bf16_cutedsl": "sm100_nvfp4_nvfp4_bf16_cutedsl:Sm100Nvfp4Nvfp4",
+    "sm90_fp8_mxfp4_bf16_pull_cutedsl": "sm90_fp8_mxfp4_bf16_pull_cutedsl:Sm90Fp8Mxfp4Pull",
+    "sm100_fp8_fp4_bf16_deepgemm": "sm100_fp8_fp4_bf16_deepgemm:Sm100Fp8Fp4DeepGemm",
 }
 
 

@@ -1,0 +1,219 @@
+"""Shared machinery of the `flashinfer.moe_ep` megakernel targets.
+
+Each kernel's weights are produced by FlashInfer itself, on the path `MegaConfig(preprocess_weights=True)`
+takes at load time: the registry builds the kernel backend from its config, and
+`backend.preprocess_weights(MoEWeightPack, FleetParams)` returns the transformed weights. This module
+only builds the pack (the FP4 checkpoint verbatim, or its exact BF16 dequant) and stores the result
+faithfully (numerics.tree). Output shapes are asked of FlashInfer by preprocessing one and two
+all-zero experts (every leaf dimension is linear in the expert count)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ..checkpoint import ModelSpec
+from ..dtypes import TORCH_TO_ST
+from ..errors import CorruptTensorError
+from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16, find_nan_scales
+from ..numerics.tree import flatten
+from ..plan import OutTensor, Unit
+from .base import Target, TargetInfo, TargetOptions, rank_ranges
+
+PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
+LEG_NAMES = ("fc1", "fc2")
+PROBE_PREFIX = "PROBE"
+MIN_FLASHINFER = (0, 7, 4)
+
+
+def _moe_ep():
+    import flashinfer.moe_ep as me
+
+    return me
+
+
+def flashinfer_version() -> tuple[int, ...] | None:
+    import importlib.metadata
+
+    try:
+        v = importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
+class MoeEpTarget(Target):
+    """A `flashinfer.moe_ep` megakernel. Subclasses set `info`, `config_class` (attribute of
+    flashinfer.moe_ep), `pack_format` ("fp4" checkpoint bytes with uint8 scales, "fp4_e8m0" the same with
+    float8_e8m0fnu scales, "bf16" exact dequant), `align` (H, I multiples) and `param_choices`."""
+
+    config_class: str
+    pack_format: str
+    align: tuple[int, int] = (128, 128)
+    param_choices: dict[str, tuple] = {}
+    config_overrides: dict = {}
+
+    def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
+        p = []
+        v = flashinfer_version()
+        if v is None or v < MIN_FLASHINFER:
+            p.append(f"--target {self.info.name}: needs flashinfer-python >= {'.'.join(map(str, MIN_FLASHINFER))}, "
+                     f"found {'none' if v is None else '.'.join(map(str, v))}; pip install 'flashinfer-python>=0.7.4'")
+        for key, mult in (("hidden_size", self.align[0]), ("moe_intermediate_size", self.align[1])):
+            val = getattr(model, key)
+            if val % mult:
+                p.append(f"--target {self.info.name}: {key} {val} must be a multiple of {mult} for this kernel; "
+                         "use --target bf16 or another kernel (fimoe-convert targets)")
+        for key, value in opts.params.items():
+            if key not in self.param_choices:
+                p.append(f"--param {key}={value}: {self.info.name} takes "
+                         + (", ".join(f"{k} ({'|'.join(v)})" for k, v in self.param_choices.items()) or "no parameters"))
+            elif value not in self.param_choices[key]:
+                p.append(f"--param {key}={value}: expected one of {', '.join(self.param_choices[key])}")
+        return p
+
+    # FlashInfer calls ------------------------------------------------------------------------------
+
+    def kernel_config(self, model: ModelSpec, params: dict):
+        cls = getattr(_moe_ep(), self.config_class)
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        kw = {**self.config_overrides, **params}
+        if "intermediate_size" in fields:
+            kw["intermediate_size"] = model.moe_intermediate_size
+        if "top_k" in fields:
+            kw["top_k"] = model.num_experts_per_tok
+        return cls(**kw)
+
+    def preprocess(self, model: ModelSpec, params: dict, pack_tensors: tuple, n_experts: int):
+        me = _moe_ep()
+        from flashinfer.moe_ep.core.kernel import registry
+
+        backend = registry.create_mega_kernel(self.kernel_config(model, params))
+        backend.bind_ep_bootstrap(me.BootstrapConfig(world_size=1, rank=0))
+        fleet = me.FleetParams(num_experts=n_experts, max_tokens_per_rank=PROBE_TOKENS,
+                               token_hidden_size=model.hidden_size)
+        return backend.preprocess_weights(me.MoEWeightPack(*pack_tensors), fleet)
+
+    def build_pack(self, w1, w3, w2, s1, s3, s2, model: ModelSpec, device: str) -> tuple:
+        """MoEWeightPack tensors from stacked per-expert tensors [E, out, in/2] (+ scales)."""
+        if self.pack_format == "bf16":
+            if model.expert_dtype == "fp8":
+                deq = functools.partial(dequant_fp8_block_to_bf16, block=model.weight_block_size)
+                w13 = torch.cat([torch.stack([deq(a, b) for a, b in zip(w1, s1)]),
+                                 torch.stack([deq(a, b) for a, b in zip(w3, s3)])], dim=1)
+                return w13.to(device), torch.stack([deq(a, b) for a, b in zip(w2, s2)]).to(device)
+            w1, w3, w2, s1, s3, s2 = (t.to(device) for t in (w1, w3, w2, s1, s3, s2))
+            w13 = torch.cat([dequant_fp4_to_bf16(w1, s1), dequant_fp4_to_bf16(w3, s3)], dim=1)  # gate rows, then up
+            return w13, dequant_fp4_to_bf16(w2, s2)
+        sdtype = torch.float8_e8m0fnu if self.pack_format == "fp4_e8m0" else torch.uint8
+        w13 = torch.cat([w1, w3], dim=1).view(torch.uint8)
+        s13 = torch.cat([s1, s3], dim=1).view(torch.uint8).view(sdtype)
+        return tuple(t.contiguous().to(device) for t in (w13, w2.view(torch.uint8), s13, s2.view(torch.uint8).view(sdtype)))
+
+    # Planning ---------------------------------------------------------------------------------------
+
+    def _probe(self, model: ModelSpec, params: tuple, n: int, device: str) -> tuple[dict, dict]:
+        """(structure, {leaf: (dtype, stored shape)}) of FlashInfer's output for `n` all-zero experts."""
+        h, i = model.hidden_size, model.moe_intermediate_size
+        z = functools.partial(torch.zeros, dtype=torch.uint8)
+        zs = functools.partial(torch.full, fill_value=127, dtype=torch.uint8)
+        spec = dataclasses.replace(model, expert_dtype="fp4")
+        pack = self.build_pack(z(n, i, h // 2), z(n, i, h // 2), z(n, h, i // 2), zs((n, i, h // 32)),
+                               zs((n, i, h // 32)), zs((n, h, i // 32)), spec, device)
+        structure, tensors = flatten(self.preprocess(spec, dict(params), pack, n), PROBE_PREFIX, LEG_NAMES)
+        return structure, {k: [TORCH_TO_ST[t.dtype], list(t.shape)] for k, t in tensors.items()}
+
+    def planned(self, model: ModelSpec, opts: TargetOptions, n: int, prefix: str) -> tuple[dict, dict]:
+        """Structure and stored leaf shapes for `n` experts under `prefix`: every integer of the probes
+        at one and two experts extended linearly (layouts are per expert); `run` checks the real output."""
+        params = tuple(sorted(opts.params.items()))
+        one, two = (_cached_probe(self, model, params, k, opts.device) for k in (1, 2))
+        structure, leaves = _extrapolate(one, two, n)
+        rename = lambda name: prefix + name.removeprefix(PROBE_PREFIX)  # noqa: E731
+        return _renamed(structure, rename), {rename(k): (d, tuple(sh)) for k, (d, sh) in leaves.items()}
+
+    def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
+        units = []
+        for block in model.moe_blocks:
+            for rank, (lo, hi) in enumerate(rank_ranges(model, opts)):
+                pre = f"{block}.ffn.experts.ep{rank}"
+                _, shapes = self.planned(model, opts, hi - lo, pre)
+                outs = tuple(OutTensor(k, d, s, pre, rank) for k, (d, s) in shapes.items())
+                ins = tuple(f"{block}.ffn.experts.{j}.{leg}.{kind}" for j in range(lo, hi)
+                            for leg in ("w1", "w2", "w3") for kind in ("weight", "scale"))
+                units.append(Unit(pre, block, rank, (lo, hi), ins, outs, {"params": dict(opts.params), "model": model,
+                                                                            "device": opts.device}))
+        return units
+
+    # Conversion -------------------------------------------------------------------------------------
+
+    def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+        _check_scales(inputs)
+        lo, hi = unit.experts
+        model: ModelSpec = unit.params["model"]
+
+        def stack(leg, kind):
+            return torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{leg}.{kind}"] for j in range(lo, hi)])
+
+        pack = self.build_pack(stack("w1", "weight"), stack("w3", "weight"), stack("w2", "weight"),
+                               stack("w1", "scale"), stack("w3", "scale"), stack("w2", "scale"), model, device)
+        obj = self.preprocess(model, unit.params["params"], pack, hi - lo)
+        structure, tensors = flatten(obj, unit.key, LEG_NAMES)
+        want, _ = self.planned(model, TargetOptions(params=unit.params["params"], device=unit.params["device"]),
+                               hi - lo, unit.key)
+        if structure != want:
+            raise AssertionError(f"{unit.key}: FlashInfer's output structure differs from the planned one")
+        out = {}
+        for t in unit.outputs:
+            v = tensors.pop(t.name, None)
+            if v is None or tuple(v.shape) != t.shape or TORCH_TO_ST[v.dtype] != t.dtype:
+                got = None if v is None else (TORCH_TO_ST[v.dtype], tuple(v.shape))
+                raise AssertionError(f"{t.name}: FlashInfer returned {got}, planned {(t.dtype, t.shape)}")
+            out[t.name] = v.cpu()
+        if tensors:
+            raise AssertionError(f"{unit.key}: FlashInfer returned unplanned tensors {sorted(tensors)}")
+        return out
+
+    def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
+        rec: dict[str, dict] = {}
+        for u in units:
+            structure, _ = self.planned(model, opts, u.experts[1] - u.experts[0], u.key)
+            rec.setdefault(u.block, {})[str(u.rank)] = {"experts": list(u.experts), "structure": structure}
+        return rec
+
+    def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
+        return {**config, "fimoe_convert": {"target": self.info.name, "ep_size": opts.ep_size,
+                                            "manifest": "fimoe-manifest.json"}}
+
+
+def _check_scales(inputs: dict[str, torch.Tensor]) -> None:
+    for name, t in inputs.items():
+        if name.endswith(".scale") and t.dtype != torch.float32 and find_nan_scales(t):
+            raise CorruptTensorError(f"tensor {name!r}: {find_nan_scales(t)} scale bytes are 255 (NaN in E8M0), "
+                                     "expected 1..254; the checkpoint is corrupt, download this shard again")
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_probe(target: MoeEpTarget, model: ModelSpec, params: tuple, n: int, device: str):
+    return target._probe(model, params, n, device)
+
+
+def _extrapolate(one, two, n: int):
+    """Walk two JSON-like probes of equal shape; ints that differ are extended linearly to `n`."""
+    if isinstance(one, dict):
+        return {k: _extrapolate(one[k], two[k], n) for k in one}
+    if isinstance(one, (list, tuple)):
+        return type(one)(_extrapolate(a, b, n) for a, b in zip(one, two))
+    if type(one) is int and type(two) is int:
+        return one + (two - one) * (n - 1)
+    return one
+
+
+def _renamed(node, rename):
+    if isinstance(node, dict):
+        return {k: (rename(v) if k == "tensor" else _renamed(v, rename)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v, rename) for v in node]
+    return node
