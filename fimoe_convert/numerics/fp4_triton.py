@@ -15,12 +15,11 @@ float32, cast to BF16) bit for bit for every scale byte 0..254:
 - s == 255 (E8M0 NaN, rejected upstream as corrupt) gives inf for mag >= 1 and NaN 0x7FC0 for zeros;
   the seed's NaN bits there depend on the device, so 255 is not part of the bit-exact contract.
 
-Triton is imported lazily, so the package imports (and the CPU path runs) without it.
+Only this module imports Triton, and `fp4.py` imports this module for CUDA inputs only, so the package
+imports (and the CPU path runs) without Triton; `triton_available()` says whether the kernel exists.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -28,22 +27,19 @@ FP4_GROUP = 32
 BLOCK_WORDS = 1024  # int32 code words per program: 4 KiB of codes in, 16 KiB of BF16 out
 NUM_WARPS = 4
 
-
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@functools.cache
-def _kernel():
-    """Builds (once) and returns the @triton.jit kernel."""
+try:  # only this module needs Triton; fp4.py imports it on CUDA inputs only
     import triton
     import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+    tl = None
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+if triton is not None:
 
     @triton.jit
     def _bf16_bits(code, s):
@@ -57,38 +53,32 @@ def _kernel():
         bits = tl.where(s == 255, tl.where(mag == 0, 0x7FC0, 0x7F80), bits)  # corrupt scale: NaN / inf
         return bits | ((code & 8) << 12)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["one"])
     def fp4_e8m0_to_bf16_kernel(
         words_ptr,  # int32 [n_words]: code bytes, 4 per word, little-endian (byte i of the row = bits 8i..8i+7)
         scales_ptr,  # uint8 [n_words // 4]: one scale byte per 16 code bytes = 4 words
         out_ptr,  # int16 [n_words * 8]: BF16 bits
         n_words,
+        one,  # always 1, not specialized: see below
         BLOCK: tl.constexpr,
     ):
         pid = tl.program_id(0).to(tl.int64)
         word = pid * BLOCK + tl.arange(0, BLOCK)  # int64: 256 experts x 8M values overflow int32
         in_range = word < n_words
-        w = tl.load(words_ptr + word, mask=in_range, other=0)
-        s = tl.load(scales_ptr + (word >> 2), mask=in_range, other=0).to(tl.int32)  # uint8: zero-extended
+        # Each thread writes the 8 BF16 values (16 bytes) of one word per store, consecutive threads
+        # consecutive words. Loading the words in that same layout (one int32 per thread per word,
+        # still coalesced across the warp) avoids a round trip through shared memory; hiding the
+        # contiguity of the load addresses behind `one` stops the compiler from picking 16-byte loads
+        # in another layout.
+        src_word = word * one
+        w = tl.load(words_ptr + src_word, mask=in_range, other=0)
+        s = tl.load(scales_ptr + (src_word >> 2), mask=in_range, other=0).to(tl.int32)  # uint8: zero-extended
+        j = tl.arange(0, 8)
         # value 8*word + j is nibble j of the word (low nibble of byte 0 first); arithmetic >> is fine
         # for negative words since every nibble is masked
-        b0 = _bf16_bits(w & 0xF, s)
-        b1 = _bf16_bits((w >> 4) & 0xF, s)
-        b2 = _bf16_bits((w >> 8) & 0xF, s)
-        b3 = _bf16_bits((w >> 12) & 0xF, s)
-        b4 = _bf16_bits((w >> 16) & 0xF, s)
-        b5 = _bf16_bits((w >> 20) & 0xF, s)
-        b6 = _bf16_bits((w >> 24) & 0xF, s)
-        b7 = _bf16_bits((w >> 28) & 0xF, s)
-        # interleave in registers (join adds a trailing dim of 2; index = 2 * inner + which):
-        # even = b0 b2 b4 b6, odd = b1 b3 b5 b7, out = b0 b1 ... b7; each thread then writes whole words' 16 bytes
-        even = tl.reshape(tl.join(tl.join(b0, b4), tl.join(b2, b6)), (BLOCK, 4))
-        odd = tl.reshape(tl.join(tl.join(b1, b5), tl.join(b3, b7)), (BLOCK, 4))
-        bits = tl.reshape(tl.join(even, odd), (BLOCK, 8)).to(tl.int16)
-        offs = word[:, None] * 8 + tl.arange(0, 8)[None, :]
-        tl.store(out_ptr + offs, bits, mask=in_range[:, None])
-
-    return fp4_e8m0_to_bf16_kernel
+        bits = _bf16_bits((w[:, None] >> (j[None, :] * 4)) & 0xF, s[:, None])
+        offs = word[:, None] * 8 + j[None, :]
+        tl.store(out_ptr + offs, bits.to(tl.int16), mask=in_range[:, None])
 
 
 def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -129,11 +119,9 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
     words = codes.view(torch.int32)  # K/2 is a multiple of 16, so rows are whole words and groups are 4 words
     sb = scales.contiguous().reshape(-1)
     n_words = words.numel()
-    grid = (triton_cdiv(n_words, block_words),)
+    grid = (-(-n_words // block_words),)
     with torch.cuda.device(packed.device):
-        _kernel()[grid](words, sb, out.view(torch.int16), n_words, BLOCK=block_words, num_warps=num_warps)
+        fp4_e8m0_to_bf16_kernel[grid](words, sb, out.view(torch.int16), n_words, 1, BLOCK=block_words,
+                                      num_warps=num_warps)
     return out
 
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
