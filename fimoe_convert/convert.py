@@ -46,6 +46,7 @@ from .units import parse_size
 
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
+READ_AHEAD_MAX = 256 << 20  # bytes of converted tensors queued for the writer, at most
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
 
 
@@ -367,7 +368,8 @@ def convert(
     hasher.start()
 
     done = 0
-    budget = max(memory_bytes - 2 * biggest_unit, IO_BLOCK)
+    # Read-ahead: enough to keep reader, converter and writer busy, a small part of --max-memory.
+    budget = min(max(memory_bytes // 4 - 2 * biggest_unit, IO_BLOCK), READ_AHEAD_MAX)
     with _Producer(plan, todo, source, tgt, dev, budget) as producer:
         items = producer.items()
         for shard in todo:

@@ -1,0 +1,84 @@
+"""End-to-end conversion vs the I/O floor, measured in the same run.
+
+The floor: read every source file once, then write the same number of output bytes sequentially
+and fsync them. Prints `ratio convert/floor: X.XXx` (goal <= 1.25) and peak RSS of the conversion.
+
+usage: python3 scripts/bench_convert.py [--target bf16] [--device cpu|cuda] [--work DIR] [--layers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BLOCK = 64 * 2**20  # bytes per read/write call in the floor
+
+
+def floor_seconds(src: Path, out_bytes: int, scratch: Path) -> tuple[float, float, float]:
+    t0 = time.perf_counter()
+    for p in sorted(src.iterdir()):
+        with open(p, "rb", buffering=0) as f:
+            while f.read(BLOCK):
+                pass
+    t1 = time.perf_counter()
+    buf = os.urandom(BLOCK)
+    scratch.mkdir(parents=True, exist_ok=True)
+    with open(scratch / "floor.bin", "wb", buffering=0) as f:
+        left = out_bytes
+        while left > 0:
+            left -= f.write(buf[:min(left, BLOCK)])
+        os.fsync(f.fileno())
+    t2 = time.perf_counter()
+    shutil.rmtree(scratch)
+    return t2 - t0, t1 - t0, t2 - t1
+
+
+def run_convert(src: Path, out: Path, target: str, device: str, max_memory: str) -> tuple[float, int]:
+    """Wall time and peak RSS (bytes) of one CLI conversion in a child process."""
+    cmd = [sys.executable, "-m", "fimoe_convert", str(src), str(out), "--target", target, "--device", device,
+           "--max-memory", max_memory, "-q"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if status != 0:
+        raise SystemExit(f"conversion failed: {' '.join(cmd)}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="bf16")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--work", default="/tmp/fimoe-bench")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--max-memory", default="8GiB")
+    args = ap.parse_args()
+    from fimoe_convert.testing import make_checkpoint
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    src = make_checkpoint(work / "src", "flash-geometry", layers=args.layers)
+    out = work / "out"
+    # Warm the page cache equally for both measurements: each reads the source once before timing.
+    floor_seconds(src, 0, work / "warm")
+    wall, rss = run_convert(src, out, args.target, args.device, args.max_memory)
+    out_bytes = sum(p.stat().st_size for p in out.iterdir())
+    in_bytes = sum(p.stat().st_size for p in src.iterdir())
+    shutil.rmtree(out)
+    floor, read_s, write_s = floor_seconds(src, out_bytes, work / "floor")
+    print(f"fixture: flash-geometry, {args.layers} layers + 1 MTP; read {in_bytes / 1e9:.2f} GB, "
+          f"write {out_bytes / 1e9:.2f} GB; target {args.target} on {args.device}")
+    print(f"floor: {floor:.2f} s (read {read_s:.2f} s, write+fsync {write_s:.2f} s)")
+    print(f"convert: {wall:.2f} s, peak RSS {rss / 2**30:.2f} GiB")
+    print(f"ratio convert/floor: {wall / floor:.2f}x (goal <= 1.25x)")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

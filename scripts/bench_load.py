@@ -1,0 +1,98 @@
+"""Load time of one MoE layer: the runtime shim reading converted output vs the load-time path a
+server takes today (read the FP4 experts, the seed's per-expert dequant loop, then FlashInfer's
+preprocess), measured in the same run on the same layer. Prints `ratio today/shim: X.Xx` (goal >= 10x).
+
+usage: python3 scripts/bench_load.py [--target sm100_mxfp8_mxfp8_bf16_cutedsl] [--device cpu|cuda] [--experts 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+LUT = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def seed_dequant(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The seed formula (vLLM's _dequant_fp4_ue8m0_gran32), one expert matrix at a time."""
+    lut = torch.tensor(LUT, dtype=torch.float32, device=packed.device)
+    b = packed.view(torch.uint8).long()
+    v = torch.stack([lut[b & 0xF], lut[b >> 4]], -1).flatten(-2)
+    s = (scales.view(torch.uint8).int() << 23).view(torch.float32)
+    return (v.unflatten(-1, (-1, 32)) * s.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+
+
+def touch(obj) -> int:
+    """Read every byte of every tensor (a lazily mapped file must really be read to count)."""
+    from fimoe_convert.numerics.tree import flatten
+
+    _, tensors = flatten(obj, "x")
+    return sum(int(t.view(torch.uint8).sum()) for t in tensors.values())
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="sm100_mxfp8_mxfp8_bf16_cutedsl")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--work", default="/tmp/fimoe-loadbench")
+    args = ap.parse_args()
+    from fimoe_convert.convert import convert
+    from fimoe_convert.runtime import load_transformed_weights
+    from fimoe_convert.source import open_source
+    from fimoe_convert.targets import get_target
+    from fimoe_convert.testing import make_checkpoint
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    src = make_checkpoint(work / "src", "flash-geometry", layers=1, mtp=0, hash_layers=0, experts=args.experts)
+    out = work / "out"
+    convert(str(src), str(out), args.target, device=args.device)
+    layer = "layers.0"
+
+    # Today: read FP4 experts, dequantize expert by expert with the seed formula, FlashInfer preprocess.
+    tgt = get_target(args.target)
+    source = open_source(str(src))
+    model = source.model
+    sync(args.device)
+    t0 = time.perf_counter()
+    legs = {leg: [] for leg in ("w1", "w2", "w3")}
+    for j in range(model.n_routed_experts):
+        for leg in legs:
+            w = source.read(f"{layer}.ffn.experts.{j}.{leg}.weight").to(args.device)
+            s = source.read(f"{layer}.ffn.experts.{j}.{leg}.scale").to(args.device)
+            legs[leg].append(seed_dequant(w, s))
+    w13 = torch.cat([torch.stack(legs["w1"]), torch.stack(legs["w3"])], dim=1)
+    today = tgt.preprocess(model, {}, (w13, torch.stack(legs["w2"])), model.n_routed_experts)
+    touch(today)
+    sync(args.device)
+    t_today = time.perf_counter() - t0
+
+    # Shim: read the converted layer straight to the device.
+    t0 = time.perf_counter()
+    ours = load_transformed_weights(out, layer, 0, device=args.device)
+    touch(ours)
+    sync(args.device)
+    t_shim = time.perf_counter() - t0
+
+    from fimoe_convert.numerics.tree import same_object
+
+    print(f"layer {layer}: {model.n_routed_experts} experts at H={model.hidden_size}, I={model.moe_intermediate_size}; "
+          f"target {args.target} on {args.device}; identical objects: {same_object(ours, today)}")
+    print(f"today (read + seed dequant loop + FlashInfer preprocess): {t_today:.3f} s")
+    print(f"shim (load_transformed_weights, every byte read): {t_shim:.3f} s")
+    print(f"ratio today/shim: {t_today / t_shim:.1f}x (goal >= 10x)")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
