@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
@@ -77,8 +77,8 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     with _POOL_LOCK:
         pid, have = _POOL_KEY
         if _POOL is None or pid != os.getpid() or have < workers:
-            if _POOL is not None and pid == os.getpid():
-                _POOL.shutdown(wait=False)
+            # no shutdown() of a smaller pool: a concurrent caller may still submit to it; its idle
+            # threads exit once the last reference to it goes
             _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fimoe-fp4")
             _POOL_KEY = (os.getpid(), workers)
         return _POOL
@@ -108,39 +108,47 @@ def _dequant_cpu(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> No
     starts = iter(range(0, rows, chunk_rows))
     n_chunks = -(-rows // chunk_rows)
     lock = threading.Lock()
+    failed = False
 
     def work() -> None:
+        nonlocal failed
         index = torch.empty(min(chunk_rows, rows) * k_half, dtype=torch.int32)
-        while True:
-            with lock:
-                r0 = next(starts, None)
-            if r0 is None:
-                return
-            r1 = min(rows, r0 + chunk_rows)
-            n = r1 - r0
-            idx = index[: n * k_half]
-            idx.view(n, k_half).copy_(codes[r0:r1])
-            idx.view(n, groups, FP4_GROUP // 2).bitwise_or_(shifted[r0:r1].unsqueeze(-1))
-            torch.index_select(table, 0, idx, out=out32[r0:r1].reshape(-1))
+        try:
+            while True:
+                with lock:
+                    r0 = None if failed else next(starts, None)
+                if r0 is None:
+                    return
+                r1 = min(rows, r0 + chunk_rows)
+                n = r1 - r0
+                idx = index[: n * k_half]
+                idx.view(n, k_half).copy_(codes[r0:r1])
+                idx.view(n, groups, FP4_GROUP // 2).bitwise_or_(shifted[r0:r1].unsqueeze(-1))
+                torch.index_select(table, 0, idx, out=out32[r0:r1].view(-1))
+        except BaseException:
+            failed = True  # the other threads stop at their next chunk
+            raise
 
     threads = min(torch.get_num_threads(), n_chunks)
     if threads <= 1 or codes.numel() < _PARALLEL_MIN_BYTES:
         work()
         return
-    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    pool = _pool(threads - 1)
+    futures = [pool.submit(work) for _ in range(threads - 1)]
     try:
         work()
     finally:
-        for f in futures:
-            f.result()
+        wait(futures)  # never return (or raise) while a worker still writes into `out`
+    for f in futures:
+        f.result()
 
 
 def _dequant_torch(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> None:
     """Any device (CUDA without Triton, MPS, ...): one table gather in plain torch ops."""
     rows, k_half = codes.shape
-    index = codes.to(torch.int32).view(rows, sb.shape[1], FP4_GROUP // 2)
+    index = codes.to(torch.int32, memory_format=torch.contiguous_format).view(rows, sb.shape[1], FP4_GROUP // 2)
     index.bitwise_or_((sb.to(torch.int32) << 8).unsqueeze(-1))
-    torch.index_select(_pair_table(codes.device), 0, index.reshape(-1), out=out.view(torch.int32).reshape(-1))
+    torch.index_select(_pair_table(codes.device), 0, index.reshape(-1), out=out.view(torch.int32).view(-1))
 
 
 def dequant_fp4_to_bf16(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
