@@ -32,13 +32,16 @@ from .manifest import (
     file_record,
     read_manifest,
     read_output_tensors,
+    read_rank_status,
+    remove_rank_status,
     remove_temporaries,
     verify_files,
     write_json,
     write_manifest,
+    write_rank_status,
     write_text,
 )
-from .plan import OutShard, OutTensor, Plan, Unit, ep_ranges, plan_shards
+from .plan import OutShard, OutTensor, Plan, Unit, assign_shards, ep_ranges, plan_shards
 from .safetensors_io import IO_BLOCK, PlannedTensor, ShardWriter, sha256_file
 from .source import Source, open_source
 from .targets import Target, TargetOptions, get_target
@@ -301,6 +304,8 @@ def convert(
                                + (" or use a larger --ep-size" if tgt.info.kernel_name else "")])
     options = _options_record(tgt, opts, shard_bytes)
 
+    group = _Group()
+    owner = assign_shards(list(plan.shards), group.world)
     kept: dict[str, dict] = {}
     old: dict | None = None
     if resume and (out_dir / MANIFEST_NAME).exists():
@@ -316,12 +321,17 @@ def convert(
         if old_sizes != new_sizes:
             raise UsageError(f"--resume: the source files differ from those {out_dir} was converted from; "
                              "use --overwrite to start again")
-        for shard in plan.shards:
-            rec = old.get("files", {}).get(shard.filename)
+        written = {f: old.get("files", {}).get(f) for f, st in old.get("status", {}).items() if st == "written"}
+        written.update(read_rank_status(out_dir))
+        mine = {}
+        for i, shard in enumerate(plan.shards):  # each rank re-hashes the finished shards it owns
+            rec = written.get(shard.filename)
             path = out_dir / shard.filename
-            if (old.get("status", {}).get(shard.filename) == "written" and rec and path.is_file()
-                    and path.stat().st_size == rec["size"] and sha256_file(path) == rec["sha256"]):
-                kept[shard.filename] = rec
+            if (owner[i] == group.rank and rec and path.is_file() and path.stat().st_size == rec["size"]
+                    and sha256_file(path) == rec["sha256"]):
+                mine[shard.filename] = rec
+        for part in group.gather(mine):
+            kept.update(part)
 
     todo = [s for s in plan.shards if s.filename not in kept]
     write_total = sum(s.nbytes for s in todo)
@@ -341,10 +351,11 @@ def convert(
         raise InputError(f"OUT {out_dir}: needs {write_total} bytes, {free} free on {disk_root}; free space "
                          "or choose another disk")
 
-    if overwrite and out_dir.exists():
-        _clear_output(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_temporaries(out_dir)
+    if group.rank == 0:
+        if overwrite and out_dir.exists():
+            _clear_output(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(out_dir)
 
     manifest = {
         "schema": SCHEMA,
@@ -360,12 +371,19 @@ def convert(
         "files": dict(kept),
         "status": {s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
     }
-    write_manifest(out_dir, manifest)
+    if group.rank == 0:
+        write_manifest(out_dir, manifest)
+    group.barrier()
 
     hashes: dict[str, str | None] = {}
     hasher = threading.Thread(target=lambda: hashes.update(
         {rel: source.file_record(rel).sha256 for rel in source.input_files()}), name="fimoe-hash", daemon=True)
-    hasher.start()
+    if group.rank == 0:
+        hasher.start()
+    todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
+    write_total = sum(s.nbytes for s in todo)
+    result.bytes_written = write_total
+    mine: dict[str, dict] = {}
 
     done = 0
     # Read-ahead: enough to keep reader, converter and writer busy, a small part of --max-memory.
@@ -387,9 +405,21 @@ def convert(
                             progress(done, write_total)
                     writer.end_tensor()
                 rec = writer.finish()
-            manifest["files"][shard.filename] = {"size": rec.size, "sha256": rec.sha256}
-            manifest["status"][shard.filename] = "written"
-            write_manifest(out_dir, manifest)
+            mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256}
+            if group.world == 1:
+                manifest["files"][shard.filename] = mine[shard.filename]
+                manifest["status"][shard.filename] = "written"
+                write_manifest(out_dir, manifest)
+            else:  # one status file per rank: ranks never rewrite the same file
+                write_rank_status(out_dir, group.rank, mine)
+
+    for part in group.gather(mine):
+        manifest["files"].update(part)
+        manifest["status"].update({f: "written" for f in part})
+    if group.rank != 0:
+        group.barrier()  # rank 0 writes the metadata and the complete manifest
+        result.seconds = time.perf_counter() - t0
+        return result
 
     # Metadata files last: a folder without them never looks complete.
     weight_map = {t.name: s.filename for s in plan.shards for t in s.tensors}
@@ -414,9 +444,39 @@ def convert(
         manifest["files"][rel] = file_record(out_dir / rel)
     manifest["complete"] = True
     write_manifest(out_dir, manifest)
+    remove_rank_status(out_dir)
+    group.barrier()
     result.report = manifest["report"]
     result.seconds = time.perf_counter() - t0
     return result
+
+
+class _Group:
+    """The ranks of a torchrun launch (WORLD_SIZE > 1), or a single process. Ranks exchange only small
+    objects (shard records) through gloo; each converts its own shards on its own device."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.dist = None
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo")
+            self.dist = dist
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self) -> None:
+        if self.dist:
+            self.dist.barrier()
+
+    def gather(self, obj) -> list:
+        if not self.dist:
+            return [obj]
+        out = [None] * self.world
+        self.dist.all_gather_object(out, obj)
+        return out
 
 
 def _target_record(tgt: Target, opts: TargetOptions) -> dict:
@@ -435,6 +495,7 @@ def _clear_output(out_dir: Path) -> None:
     for p in out_dir.glob("model-*-of-*.safetensors"):
         p.unlink()
     remove_temporaries(out_dir)
+    remove_rank_status(out_dir)
     (out_dir / MANIFEST_NAME).unlink()
 
 

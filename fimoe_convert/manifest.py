@@ -52,6 +52,29 @@ def read_manifest(out_dir: Path, require_complete: bool = False) -> dict:
     return data
 
 
+RANK_STATUS = "fimoe-status.rank{rank}.json"
+
+
+def write_rank_status(out_dir: Path, rank: int, files: dict) -> None:
+    """Shards one rank of a distributed run has finished ({file: {size, sha256}})."""
+    write_json(Path(out_dir) / RANK_STATUS.format(rank=rank), {"rank": rank, "files": files})
+
+
+def read_rank_status(out_dir: Path) -> dict:
+    files: dict = {}
+    for p in sorted(Path(out_dir).glob(RANK_STATUS.format(rank="*"))):
+        try:
+            files.update(json.loads(p.read_text())["files"])
+        except (json.JSONDecodeError, KeyError, OSError):
+            continue  # a torn status file only means those shards are redone
+    return files
+
+
+def remove_rank_status(out_dir: Path) -> None:
+    for p in Path(out_dir).glob(RANK_STATUS.format(rank="*")):
+        p.unlink()
+
+
 def copy_file(src: Path, dst: Path) -> None:
     """Copy a small file through a temporary name (tokenizer files and the like)."""
     atomic_write_bytes(dst, Path(src).read_bytes())

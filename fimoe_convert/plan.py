@@ -95,3 +95,15 @@ class Plan:
 
     def unit_of(self, t: OutTensor) -> Unit | None:
         return None if t.unit is None else self.units[t.unit]
+
+
+def assign_shards(shards: list[OutShard], world: int) -> list[int]:
+    """Rank of each shard: largest first to the least-loaded rank (ties: lower index, lower rank).
+    Every rank computes the same answer from the same plan."""
+    load = [0] * world
+    owner = [0] * len(shards)
+    for i in sorted(range(len(shards)), key=lambda i: (-shards[i].nbytes, i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += shards[i].nbytes
+    return owner

@@ -8,5 +8,34 @@ from .loader import (
     load_megamoe_weights,
     load_transformed_weights,
 )
+from .shim import (
+    FI_MOE_EP_BACKENDS,
+    FiMoeEpBackendSpec,
+    IncompatibleTargetError,
+    backend_spec,
+    check_compatible,
+    ensure_runtime,
+    finalize_runtime,
+    kernel_config,
+    mega_config,
+    runtime_requirements,
+    validate_fi_moe_ep_config,
+)
 
-__all__ = ["Manifest", "load_manifest", "load_megamoe_weights", "load_transformed_weights"]
+__all__ = [
+    "FI_MOE_EP_BACKENDS",
+    "FiMoeEpBackendSpec",
+    "IncompatibleTargetError",
+    "Manifest",
+    "backend_spec",
+    "check_compatible",
+    "ensure_runtime",
+    "finalize_runtime",
+    "kernel_config",
+    "load_manifest",
+    "load_megamoe_weights",
+    "load_transformed_weights",
+    "mega_config",
+    "runtime_requirements",
+    "validate_fi_moe_ep_config",
+]
