@@ -418,6 +418,7 @@ def convert(
         manifest["status"].update({f: "written" for f in part})
     if group.rank != 0:
         group.barrier()  # rank 0 writes the metadata and the complete manifest
+        group.close()
         result.seconds = time.perf_counter() - t0
         return result
 
@@ -446,6 +447,7 @@ def convert(
     write_manifest(out_dir, manifest)
     remove_rank_status(out_dir)
     group.barrier()
+    group.close()
     result.report = manifest["report"]
     result.seconds = time.perf_counter() - t0
     return result
@@ -462,7 +464,8 @@ class _Group:
         if self.world > 1:
             import torch.distributed as dist
 
-            if not dist.is_initialized():
+            self.owned = not dist.is_initialized()
+            if self.owned:
                 dist.init_process_group("gloo")
             self.dist = dist
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -470,6 +473,12 @@ class _Group:
     def barrier(self) -> None:
         if self.dist:
             self.dist.barrier()
+
+    def close(self) -> None:
+        """Tear down a process group this run created (leaving one alive aborts at interpreter exit)."""
+        if self.dist and self.owned:
+            self.dist.destroy_process_group()
+            self.dist = None
 
     def gather(self, obj) -> list:
         if not self.dist:

@@ -1,0 +1,62 @@
+"""torchrun across processes (gloo on CPU): the output is byte-identical to a single-process run, and
+--resume finishes after the whole launch is killed midway."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fimoe_convert.manifest import read_manifest
+from fimoe_convert.plan import assign_shards, plan_shards, OutTensor
+
+
+def folder(p: Path) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(p.iterdir())}
+
+
+def torchrun(src, out, *extra, port):
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "-m", "fimoe_convert", str(src), str(out), "--shard-size", "1MB", "-q", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "out"
+    subprocess.run([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB", "-q"],
+                   check=True)
+    return out
+
+
+def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(torchrun(tiny_ckpt, out, port=29611), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert folder(out) == folder(reference)
+
+
+def test_resume_after_killing_the_launch(tiny_ckpt, reference, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(torchrun(tiny_ckpt, out, port=29612), start_new_session=True, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("fimoe-status.rank*.json")):
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # every rank and the launcher, mid-run
+    proc.wait()
+    assert read_manifest(out)["complete"] is False
+    r = subprocess.run(torchrun(tiny_ckpt, out, "--resume", port=29613), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert folder(out) == folder(reference)
+
+
+def test_shard_assignment_balances_bytes():
+    sizes = [900, 100, 500, 500, 300, 200]
+    shards = plan_shards([OutTensor(f"t{i}", "U8", (n,)) for i, n in enumerate(sizes)], 1)
+    owner = assign_shards(shards, 2)
+    load = [sum(s.nbytes for s, o in zip(shards, owner) if o == r) for r in (0, 1)]
+    assert sorted(load) == [1200, 1300] and owner == assign_shards(shards, 2)
