@@ -109,6 +109,7 @@ def _check_out(src: Path, out: Path, resume: bool, overwrite: bool) -> list[str]
     if out_r == src or out_r.is_relative_to(src):
         problems.append(f"OUT {out}: lies inside SRC {src}; choose a folder outside the checkpoint "
                         "(fimoe-convert never writes into its input)")
+        return problems  # OUT == SRC would also 'contain SRC' and 'not be empty': one line says it
     if src.is_relative_to(out_r):
         problems.append(f"OUT {out}: contains SRC {src}; choose an empty folder elsewhere")
     parent = out_r if out_r.exists() else out_r.parent
@@ -556,8 +557,10 @@ def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_
         opts = TargetOptions(ep_size=ep_size, arch=parse_arch(arch), device="cuda")
         problems = [p for p in t.validate(model, opts) if not p.startswith("--device")]
         fits[t.info.name] = problems or "fits"
+    from .checkpoint.spec import variant_name
+
     return {"source": source.spec, "root": str(source.root), "revision": source.revision,
-            "model": model.to_json(), "shards": len(source.headers), "tensors": len(source.weight_map),
+            "variant": variant_name(model, source.config), "model": model.to_json(), "shards": len(source.headers), "tensors": len(source.weight_map),
             "bytes": source.total_bytes, "routed_expert_bytes": expert_bytes, "tensor_classes": dict(sorted(classes.items())),
             "files": source.input_files(), "targets": fits}
 

@@ -4,6 +4,8 @@ Every tensor class of a V4 checkpoint with its real dtype: BF16 embed/head/norms
 F8_E8M0 128x128-block attention and shared experts, F32 hyper-connection, bias and sink tensors,
 I64 `tid2eid` in hash layers, I8 + F8_E8M0 routed experts, MTP blocks with routed experts. Experts
 of one layer straddle two shards and tensors sit in non-sorted order inside each shard.
+Presets and FixtureSpec options also give the variants: V4-Pro geometry, Base (FP8 experts), 0731/DSpark
+(three MTP blocks), V4.1 (its config dialect, 32x32 blocks, extra tensors) and a fixture lossy in fp8_block.
 Deterministic: every tensor comes from its own generator seeded by (seed, name)."""
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ class FixtureSpec:
     extreme_scales: bool = True  # layer 0 expert 0 uses scale bytes 1..9, expert 1 uses 246..254
     expert_dtype: str = "fp4"  # "fp4" | "fp8" (Base checkpoints)
     dialect: str = "v4"  # "v4" | "v4.1"
+    # Variant options (the defaults give the same bytes as before they existed):
+    scale_span: int = SCALE_SPAN  # FP4 scale bytes of an expert matrix span this many steps (> 14: fp8_block lossy)
+    linear_scales: str = "e8m0"  # scales of FP8 attention/shared-expert weights: "e8m0" | "f32" (Base checkpoints)
+    linear_block: int | None = None  # tile of FP8 attention/shared-expert weights (None: 128; V4.1: 32)
+    expert_dtype_in_config: bool | None = None  # None: for FP4 only (V4), always (V4.1); True/False: always/never
+    dspark: bool = False  # 0731/DSpark MTP blocks: main_proj/main_norm, markov/confidence heads, no e_proj/h_proj
+    extra_tensors: bool = False  # more non-expert tensors (engram, indexer, vision tower), copied untouched
 
 
 PRESETS: dict[str, FixtureSpec] = {
@@ -53,6 +62,18 @@ PRESETS: dict[str, FixtureSpec] = {
     "flash-geometry": FixtureSpec(hidden=4096, inter=2048, experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
                                   vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
                                   extreme_scales=False),
+    # Variants (tests/test_variants.py). V4-Flash is "tiny".
+    # V4-Pro expert geometry (H=7168, I=3072) with 2 experts, 1 layer: ~130 MB in, ~330 MB of BF16 out.
+    "pro-geometry": FixtureSpec(hidden=7168, inter=3072, experts=2, top_k=2, layers=1, hash_layers=1, mtp=0,
+                                vocab=64, heads=2, head_dim=64, q_lora=64, o_lora=64, shards=3, extreme_scales=False),
+    # Base: FP8 E4M3 experts with F32 128x128 scales, F32 linear scales, no expert_dtype in config.json.
+    "base": FixtureSpec(expert_dtype="fp8", linear_scales="f32"),
+    # 0731/DSpark: three MTP blocks mtp.0..2 with routed experts and the DSpark extra tensors.
+    "dspark": FixtureSpec(mtp=3, dspark=True),
+    # V4.1: deepseek_v41, text_config, expert_dtype in quantization_config, 32x32 blocks, extra tensors.
+    "v4.1": FixtureSpec(dialect="v4.1", linear_block=32, extra_tensors=True),
+    # fp8_block lossy: per-32 scale bytes of an expert matrix span 20 steps (> 14), so some tiles are inexact.
+    "lossy-fp8": FixtureSpec(layers=2, mtp=0, experts=4, extreme_scales=False, scale_span=20),
 }
 
 
@@ -79,12 +100,18 @@ def _e8m0(g, shape, lo=115, hi=125):
 
 
 def _expert_scale_range(spec: FixtureSpec, block: str, expert: int, leg: str) -> tuple[int, int]:
-    """Scale bytes [lo, hi] of one expert matrix: within SCALE_SPAN, gate and up sharing a window."""
+    """Scale bytes [lo, hi] of one expert matrix: within spec.scale_span, gate and up sharing a window."""
+    span = spec.scale_span
     if spec.extreme_scales and block == "layers.0" and expert in (0, 1):
-        return (1, 1 + SCALE_SPAN) if expert == 0 else (254 - SCALE_SPAN, 254)
+        return (1, 1 + span) if expert == 0 else (254 - span, 254)
     g = torch.Generator().manual_seed(spec.seed * 7919 + zlib.crc32(f"{block}.{expert}.{leg == 'w2'}".encode()))
     base = int(torch.randint(110, 121, (1,), generator=g))
-    return base, base + SCALE_SPAN
+    return base, base + span
+
+
+def _config_block(spec: FixtureSpec) -> int:
+    """quantization_config.weight_block_size (both sides): 128 for V4, 32 for V4.1."""
+    return BLOCK if spec.dialect == "v4" else 32
 
 
 def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
@@ -92,9 +119,13 @@ def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
     h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
     t: dict[str, tuple] = {}
 
+    lb = spec.linear_block or BLOCK
+    eb = _config_block(spec)
+
     def fp8(name, out, inp):
         t[f"{name}.weight"] = ("fp8", (out, inp), None)
-        t[f"{name}.scale"] = ("e8m0", (math.ceil(out / BLOCK), math.ceil(inp / BLOCK)), None)
+        t[f"{name}.scale"] = ("e8m0" if spec.linear_scales == "e8m0" else "f32scale",
+                              (math.ceil(out / lb), math.ceil(inp / lb)), None)
 
     def block(prefix, hashed, compressor):
         t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
@@ -135,19 +166,46 @@ def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
                     t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
                 else:
                     t[f"{name}.weight"] = ("fp8", (out, inp), None)
-                    t[f"{name}.scale"] = ("f32scale", (math.ceil(out / BLOCK), math.ceil(inp / BLOCK)), None)
+                    t[f"{name}.scale"] = ("f32scale", (math.ceil(out / eb), math.ceil(inp / eb)), None)
 
     t["embed.weight"] = ("bf16", (v, h), None)
     for li in range(spec.layers):
         block(f"layers.{li}", li < spec.hash_layers, compressor=li % 2 == 1)
+        if spec.extra_tensors and li < 2:
+            fp8(f"layers.{li}.engram.wkv", spec.head_dim, h)
+            t[f"layers.{li}.engram.embed.weight"] = ("bf16", (v, spec.head_dim), None)
+            t[f"layers.{li}.engram.q_weight"] = ("bf16", (spec.head_dim, h), None)
+            t[f"layers.{li}.engram.k_weight"] = ("bf16", (spec.head_dim, h), None)
+        if spec.extra_tensors and li % 2 == 1:
+            fp8(f"layers.{li}.attn.indexer.wq_b", spec.heads * spec.head_dim, spec.q_lora)
+            t[f"layers.{li}.attn.indexer.weights_proj.weight"] = ("bf16", (spec.heads, h), None)
+            t[f"layers.{li}.attn.indexer.k_norm.weight"] = ("bf16", (spec.head_dim,), None)
     for k in range(spec.mtp):
         p = f"mtp.{k}"
         block(p, False, compressor=False)
+        if spec.dspark:
+            if k == 0:
+                fp8(f"{p}.main_proj", h, 3 * h)  # three target layers' hidden states, concatenated
+                t[f"{p}.main_norm.weight"] = ("bf16", (h,), None)
+            if k == spec.mtp - 1:
+                t[f"{p}.norm.weight"] = ("bf16", (h,), None)
+                t[f"{p}.markov_head.embed.weight"] = ("bf16", (v, spec.head_dim), None)
+                t[f"{p}.markov_head.head.weight"] = ("bf16", (v, spec.head_dim), None)
+                t[f"{p}.confidence_head.proj.weight"] = ("bf16", (1, h + spec.head_dim), None)
+                t[f"{p}.hc_head_fn"] = ("f32", (HC, HC * h), None)
+                t[f"{p}.hc_head_base"] = ("f32", (HC,), None)
+                t[f"{p}.hc_head_scale"] = ("f32", (1,), None)
+            continue
         fp8(f"{p}.e_proj", h, h)
         fp8(f"{p}.h_proj", h, h)
         t[f"{p}.enorm.weight"] = ("bf16", (h,), None)
         t[f"{p}.hnorm.weight"] = ("bf16", (h,), None)
         t[f"{p}.norm.weight"] = ("bf16", (h,), None)
+    if spec.extra_tensors:
+        t["vision.patch_embed.weight"] = ("bf16", (spec.head_dim, 3 * 14 * 14), None)
+        t["vision.blocks.0.attn.qkv.weight"] = ("bf16", (3 * spec.head_dim, spec.head_dim), None)
+        t["vision.blocks.0.norm1.weight"] = ("bf16", (spec.head_dim,), None)
+        t["aligner.proj.weight"] = ("bf16", (h, spec.head_dim), None)
     t["norm.weight"] = ("bf16", (h,), None)
     t["head.weight"] = ("bf16", (v, h), None)
     t["hc_head_fn"] = ("f32", (HC, HC * h), None)
@@ -180,7 +238,7 @@ def _make(spec: FixtureSpec, name: str, kind: str, shape: tuple, extra) -> torch
 
 def _config(spec: FixtureSpec) -> dict:
     quant = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
-             "weight_block_size": [BLOCK, BLOCK] if spec.dialect == "v4" else [32, 32]}
+             "weight_block_size": [_config_block(spec)] * 2}
     text = {
         "hidden_size": spec.hidden, "moe_intermediate_size": spec.inter, "n_routed_experts": spec.experts,
         "n_shared_experts": 1, "num_experts_per_tok": spec.top_k, "num_hidden_layers": spec.layers,
@@ -188,15 +246,22 @@ def _config(spec: FixtureSpec) -> dict:
         "num_attention_heads": spec.heads, "head_dim": spec.head_dim, "q_lora_rank": spec.q_lora,
         "o_lora_rank": spec.o_lora, "hc_mult": HC, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
     }
+    if spec.dspark:
+        text["dspark_target_layer_ids"] = [max(0, spec.layers - spec.mtp + k) for k in range(spec.mtp)]
+    write = spec.expert_dtype_in_config
     if spec.dialect == "v4":
         cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", **text,
                "quantization_config": quant}
-        if spec.expert_dtype == "fp4":
-            cfg["expert_dtype"] = "fp4"
+        if write or (write is None and spec.expert_dtype == "fp4"):
+            cfg["expert_dtype"] = spec.expert_dtype
         return cfg
-    quant["expert_dtype"] = spec.expert_dtype
-    return {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
-            "text_config": {"model_type": "deepseek_v41_text", **text}, "quantization_config": quant}
+    if write is not False:
+        quant["expert_dtype"] = spec.expert_dtype
+    cfg = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+           "text_config": {"model_type": "deepseek_v41_text", **text}, "quantization_config": quant}
+    if spec.extra_tensors:
+        cfg["vision_config"] = {"model_type": "deepseek_v41_vision", "hidden_size": spec.head_dim, "patch_size": 14}
+    return cfg
 
 
 def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> Path:

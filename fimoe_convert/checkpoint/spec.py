@@ -140,6 +140,27 @@ def model_spec_from_config(config: dict, where: str = "config.json") -> ModelSpe
     )
 
 
+PRO_GEOMETRY = (7168, 3072)  # V4-Pro hidden_size, moe_intermediate_size (V4-Flash: 4096, 2048)
+
+
+def variant_name(spec: ModelSpec, config: dict | None = None) -> str:
+    """Which DeepSeek V4 checkpoint this is, for `inspect`: "V4.1", "V4 Base (FP8 experts)",
+    "V4 0731/DSpark (3 MTP blocks)", "V4-Pro" or "V4-Flash" (first match; any other FP4 V4 geometry
+    is called V4-Flash, the reference layout)."""
+    config = config or {}
+    if spec.dialect == "v4.1":
+        return "V4.1"
+    if spec.expert_dtype == "fp8":
+        pro = " (V4-Pro geometry)" if (spec.hidden_size, spec.moe_intermediate_size) == PRO_GEOMETRY else ""
+        return f"V4 Base (FP8 experts){pro}"
+    n_mtp = spec.num_nextn_predict_layers
+    if n_mtp > 1 or "dspark_target_layer_ids" in config:
+        return f"V4 0731/DSpark ({n_mtp} MTP block{'s' if n_mtp != 1 else ''})"
+    if (spec.hidden_size, spec.moe_intermediate_size) == PRO_GEOMETRY:
+        return "V4-Pro"
+    return "V4-Flash"
+
+
 def leg_shape(spec: ModelSpec, leg: str) -> tuple[int, int]:
     """Logical [out, in] of one expert matrix: w1/w3 [I, H], w2 [H, I]."""
     h, i = spec.hidden_size, spec.moe_intermediate_size

@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str] = {
     "sm100_nvfp4_nvfp4_bf16_cutedsl": "sm100_nvfp4_nvfp4_bf16_cutedsl:Sm100Nvfp4Nvfp4",
     "sm90_fp8_mxfp4_bf16_pull_cutedsl": "sm90_fp8_mxfp4_bf16_pull_cutedsl:Sm90Fp8Mxfp4Pull",
     "sm100_fp8_fp4_bf16_deepgemm": "sm100_fp8_fp4_bf16_deepgemm:Sm100Fp8Fp4DeepGemm",
+    "fp8_block": "fp8_block:Fp8BlockTarget",
 }
 
 

@@ -42,14 +42,14 @@ class Bf16Target(Target):
             w, s = inputs[t.name], inputs[t.name.removesuffix(".weight") + ".scale"]
             if device == "cuda":
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
+            nan = find_nan_scales(s) if s.dtype != torch.float32 else 0
+            if nan:
+                name = t.name.removesuffix(".weight") + ".scale"
+                raise CorruptTensorError(f"tensor {name!r}: {nan} scale bytes are 255 (NaN in E8M0), expected "
+                                         "1..254; the checkpoint is corrupt, download this shard again")
             if fp8_block:
                 y = dequant_fp8_block_to_bf16(w, s, tuple(fp8_block))
             else:
-                nan = find_nan_scales(s)
-                if nan:
-                    name = t.name.removesuffix(".weight") + ".scale"
-                    raise CorruptTensorError(f"tensor {name!r}: {nan} scale bytes are 255 (NaN in E8M0), expected "
-                                             "1..254; the checkpoint is corrupt, download this shard again")
                 y = dequant_fp4_to_bf16(w, s)
             out[t.name] = y.cpu() if device == "cuda" else y
         return out

@@ -1,0 +1,150 @@
+"""Every DeepSeek V4 variant: converts to BF16 with the core checks (bit-exact experts against an
+independent reference, byte-identical copies, scales dropped, config rewritten where the dialect keeps
+expert_dtype), and `inspect` names it and the targets that apply."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from seed import same_bits, seed_dequant
+
+from fimoe_convert.checkpoint.spec import variant_name
+from fimoe_convert.convert import convert, inspect, verify
+from fimoe_convert.errors import ValidationError
+from fimoe_convert.source import open_source
+from fimoe_convert.targets import all_targets
+from fimoe_convert.testing import make_checkpoint
+
+# id: (preset, overrides, variant name, MoE blocks, experts per block)
+VARIANTS = {
+    "flash": ("tiny", {}, "V4-Flash", 4, 8),
+    "pro": ("pro-geometry", {}, "V4-Pro", 1, 2),
+    "base": ("base", {}, "V4 Base (FP8 experts)", 4, 8),
+    "base-expert-dtype": ("base", {"expert_dtype_in_config": True}, "V4 Base (FP8 experts)", 4, 8),
+    "dspark": ("dspark", {}, "V4 0731/DSpark (3 MTP blocks)", 6, 8),
+    "v4.1": ("v4.1", {}, "V4.1", 4, 8),
+}
+
+
+def load_all(folder: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    out = {}
+    for shard in sorted(set(index.values())):
+        with safe_open(str(folder / shard), "pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    return out
+
+
+def ref_fp8_block_dequant(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Independent reference for FP8 (Base) experts: E4M3 value times its tile's F32 scale, the product in
+    float32 (DeepSeek's weight_dequant), cast to BF16; tile by tile."""
+    rows, cols = block
+    out = torch.empty(weight.shape, dtype=torch.bfloat16)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            w = weight[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols].to(torch.float32)
+            out[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols] = (w * scale[i, j].to(torch.float32)).to(torch.bfloat16)
+    return out
+
+
+def is_expert(name: str) -> bool:
+    return ".ffn.experts." in name
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request, tmp_path_factory):
+    preset, overrides, name, blocks, experts = VARIANTS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    src = make_checkpoint(root / "src", preset, **overrides)
+    out = root / "bf16"
+    convert(str(src), str(out), "bf16", shard_size="64MB")
+    return {"id": request.param, "src": src, "out": out, "name": name, "blocks": blocks, "experts": experts}
+
+
+def test_variant_converts_to_bf16_bit_exact(variant):
+    src, dst = load_all(variant["src"]), load_all(variant["out"])
+    cfg = json.loads((variant["src"] / "config.json").read_text())
+    model = open_source(str(variant["src"])).model
+    weights = [n for n in src if is_expert(n) and n.endswith(".weight")]
+    assert len(weights) == variant["blocks"] * variant["experts"] * 3
+    assert {n.split(".ffn.")[0] for n in weights} == set(model.moe_blocks)
+    for name in weights:
+        w, s = src[name], src[name.removesuffix(".weight") + ".scale"]
+        if model.expert_dtype == "fp4":
+            assert w.dtype == torch.int8 and s.dtype == torch.float8_e8m0fnu
+            want = seed_dequant(w, s)
+        else:
+            assert w.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+            want = ref_fp8_block_dequant(w, s, tuple(cfg["quantization_config"]["weight_block_size"]))
+        assert dst[name].dtype == torch.bfloat16 and tuple(dst[name].shape) == tuple(want.shape)
+        assert same_bits(dst[name], want), name
+
+
+def test_variant_copies_everything_else_byte_for_byte(variant):
+    src, dst = load_all(variant["src"]), load_all(variant["out"])
+    assert set(dst) == {n for n in src if not (is_expert(n) and n.endswith(".scale"))}
+    for name, t in src.items():
+        if not is_expert(name):
+            assert dst[name].dtype == t.dtype and same_bits(dst[name], t), name
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (variant["out"] / f).read_bytes() == (variant["src"] / f).read_bytes()
+    assert verify(str(variant["out"]), deep=True)["problems"] == []
+
+
+def test_variant_config_says_bf16_where_the_dialect_keeps_expert_dtype(variant):
+    before = json.loads((variant["src"] / "config.json").read_text())
+    after = json.loads((variant["out"] / "config.json").read_text())
+    if variant["id"] == "v4.1":
+        assert after["quantization_config"]["expert_dtype"] == "bf16" and "expert_dtype" not in after
+        assert after["text_config"] == before["text_config"] and after["vision_config"] == before["vision_config"]
+    else:
+        assert after["expert_dtype"] == "bf16"
+        assert after["quantization_config"] == before["quantization_config"]
+    assert {k: v for k, v in after.items() if k not in ("expert_dtype", "quantization_config")} == \
+        {k: v for k, v in before.items() if k not in ("expert_dtype", "quantization_config")}
+
+
+def test_inspect_names_the_variant_and_the_targets_that_apply(variant):
+    source = open_source(str(variant["src"]))
+    assert variant_name(source.model, source.config) == variant["name"]
+    fits = inspect(str(variant["src"]))["targets"]
+    assert fits["bf16"] == "fits"
+    fp4_consumers = [t.info.name for t in all_targets() if t.info.consumes == "fp4"]
+    assert "fp8_block" in fp4_consumers
+    if source.model.expert_dtype == "fp8":
+        for name in fp4_consumers:
+            assert any(f"--target {name}: consumes FP4 experts, but this checkpoint's experts are FP8" in p
+                       and "use --target bf16" in p for p in fits[name]), (name, fits[name])
+    else:
+        assert fits["fp8_block"] == "fits"
+
+
+def test_fp4_consuming_targets_refuse_base_checkpoints(tmp_path):
+    src = make_checkpoint(tmp_path / "src", "base")
+    with pytest.raises(ValidationError, match=r"--target fp8_block: consumes FP4 experts, but this checkpoint's experts "
+                                              r"are FP8 \(expert_dtype 'fp8'\); use --target bf16"):
+        convert(str(src), str(tmp_path / "out"), "fp8_block")
+    assert not (tmp_path / "out").exists()
+
+
+def test_variant_fixtures_have_their_distinguishing_features(tmp_path):
+    dspark = load_all(make_checkpoint(tmp_path / "dspark", "dspark"))
+    assert {"mtp.0.main_proj.weight", "mtp.0.main_proj.scale", "mtp.0.main_norm.weight", "mtp.2.norm.weight",
+            "mtp.2.markov_head.embed.weight", "mtp.2.confidence_head.proj.weight", "mtp.2.hc_head_fn"} <= set(dspark)
+    assert all(f"mtp.{k}.ffn.experts.7.w2.weight" in dspark for k in range(3))
+    v41_dir = make_checkpoint(tmp_path / "v41", "v4.1")
+    v41, cfg = load_all(v41_dir), json.loads((v41_dir / "config.json").read_text())
+    assert cfg["model_type"] == "deepseek_v41" and "hidden_size" in cfg["text_config"] and "hidden_size" not in cfg
+    assert cfg["quantization_config"]["expert_dtype"] == "fp4" and cfg["quantization_config"]["weight_block_size"] == [32, 32]
+    assert tuple(v41["layers.0.attn.wq_a.scale"].shape) == (128 // 32, 256 // 32)
+    assert {"layers.0.engram.embed.weight", "layers.1.attn.indexer.wq_b.scale", "vision.patch_embed.weight"} <= set(v41)
+    base_dir = make_checkpoint(tmp_path / "base", "base")
+    base, cfg = load_all(base_dir), json.loads((base_dir / "config.json").read_text())
+    assert "expert_dtype" not in cfg
+    assert base["layers.0.ffn.experts.0.w1.weight"].dtype == torch.float8_e4m3fn
+    assert base["layers.0.ffn.experts.0.w1.scale"].dtype == torch.float32
+    assert tuple(base["layers.0.ffn.experts.0.w1.scale"].shape) == (1, 2)
+    assert base["layers.0.attn.wq_a.scale"].dtype == torch.float32
