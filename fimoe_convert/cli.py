@@ -122,6 +122,29 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
         text = (f"plan for --target {res.target} on {res.device}: {res.shards} shards\n{rows}\n"
                 f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}"
                 + ("" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"))
+        # ETA, an estimate labeled as one: SRC's read rate on a sample of its biggest shard, applied to the
+        # bytes read and written, x1.25 (the conversion's goal against the plain I/O floor, bench_convert.py).
+        eta = "ETA: not estimated (SRC's files could not be sampled)"
+        try:
+            import time
+            from .source import resolve_source_root
+
+            root = resolve_source_root(src, revision, offline=True)[0]
+            biggest = max(root.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+            sample, t0 = 0, time.perf_counter()
+            with open(biggest, "rb", buffering=0) as f:
+                while sample < 64 * 2**20 and (chunk := f.read(8 * 2**20)):
+                    sample += len(chunk)
+            rate = sample / max(time.perf_counter() - t0, 1e-6)
+            secs = 1.25 * (res.bytes_read + res.bytes_written) / rate
+            when = ("under 1 s" if secs < 1 else f"about {secs:.0f} s" if secs < 120
+                    else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
+            eta = (f"ETA: {when} (estimate: read + write {human(res.bytes_read + res.bytes_written)} at "
+                   f"{human(rate)}/s, the read rate of a {human(sample)} sample of SRC, x1.25; a cached sample, a slower OUT disk "
+                   "or CPU-bound decoding make it longer)")
+        except (FimoeError, OSError, ValueError):
+            pass
+        text += "\n" + eta
     else:
         text = (f"converted to {res.target} on {res.device}: {res.shards} shards ({res.shards_kept} kept), "
                 f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
@@ -142,7 +165,7 @@ def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
     """What the checkpoint SRC holds and which targets fit it."""
     r = _run(inspect, src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
     m = r["model"]
-    lines = [f"{r['source']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
+    lines = [f"{r['source']}: {r['variant']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
              f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
              f"{m['n_routed_experts']} experts top-{m['num_experts_per_tok']}, {m['num_hidden_layers']} layers "
              f"+ {m['num_nextn_predict_layers']} MTP, {m['num_hash_layers']} hash layers",
@@ -190,18 +213,38 @@ def verify_cmd(out, deep, src, as_json):
 @main.command("upload")
 @click.argument("out")
 @click.argument("repo_id")
-@click.option("--private", is_flag=True)
+@click.option("--private", is_flag=True, help="Create the repo private (an existing public repo is refused).")
 @click.option("--revision", default=None, help="Branch to upload to (created if missing).")
 @click.option("--dry-run", is_flag=True, help="List files and bytes; upload nothing.")
 @click.option("--json", "as_json", is_flag=True)
 def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
-    """Publish a complete, verified OUT to the Hub repo REPO_ID."""
+    """Publish a complete, verified OUT to the Hub repo REPO_ID.
+
+    The token comes from HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
+    Hub. An interrupted upload resumes when the same command runs again."""
     from .hub import upload
 
-    r = _run(upload, out, repo_id, private=private, revision=revision, dry_run=dry_run)
-    text = f"{'would upload' if dry_run else 'uploaded'} {r['files']} files, {r['human']} to {repo_id}@{r['revision']}"
+    def run():
+        try:
+            return upload(out, repo_id, private=private, revision=revision, dry_run=dry_run)
+        except KeyboardInterrupt:
+            if os.environ.get("FIMOE_DEBUG") == "1":
+                raise
+            click.echo("error: interrupted; run the same command again to resume (what reached the Hub is not sent "
+                       "again)", err=True)
+            sys.exit(130)
+
+    r = _run(run)
+    where = f"{repo_id}@{r['revision']}"
     if dry_run:
-        text += "\n" + "\n".join(f"  {f['file']}  {human(f['bytes'])}" for f in r["list"])
+        text = "\n".join([f"would upload {r['files']} files, {r['human']} ({r['bytes']} bytes) to {where}"
+                          + (" (private)" if private else ""),
+                          *[f"  {f['file']}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
+                          *[f"  not uploaded (not in the manifest): {f}" for f in r["not_uploaded"]],
+                          "token: " + ("found (not shown)" if r["token_found"] else
+                                       "none found: set HF_TOKEN or run `hf auth login` before uploading")])
+    else:
+        text = f"uploaded {r['files']} files, {r['human']} to {where}: {r['url']} (commit {r['commit']})"
     _emit(r, as_json, text)
 
 

@@ -1,0 +1,201 @@
+"""The model card convert() writes into OUT/README.md, read back through huggingface_hub's ModelCard;
+same input and options give the same sha256 for every file in OUT (what makes pre-baked image
+layers cache); and convert --dry-run's plan ends with a labeled ETA estimate."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import re
+import shlex
+
+import pytest
+import torch
+from click.testing import CliRunner
+from huggingface_hub import ModelCard
+
+from fimoe_convert.cli import main
+from fimoe_convert.convert import convert, verify
+from fimoe_convert.hub import model_card
+from fimoe_convert.manifest import MANIFEST_NAME
+from fimoe_convert.targets import get_target
+from fimoe_convert.testing import seed_hub_cache
+
+REPO = "deepseek-ai/DeepSeek-V4-Tiny"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
+BF16_CMD = "fimoe-convert ./DeepSeek-V4-Tiny OUT --shard-size 3MB"
+
+
+def digests(folder) -> dict[str, str]:
+    """sha256 of every file under `folder`, by relative path."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def load_card(out) -> ModelCard:
+    return ModelCard.load(out / "README.md")
+
+
+def python_block(text: str, out, device: str = "cpu") -> str:
+    """The card's load snippet, made to run here: the local OUT instead of a download, CPU instead of CUDA."""
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert 'snapshot_download("REPO_ID")' in code
+    return code.replace('snapshot_download("REPO_ID")', repr(str(out))).replace('device="cuda"', f'device="{device}"')
+
+
+def manifest(out) -> dict:
+    return json.loads((out / MANIFEST_NAME).read_text())
+
+
+@pytest.fixture(scope="module")
+def bf16_out(tiny_ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("card") / "bf16"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_TOKEN", TOKEN)  # a token in the environment never reaches OUT
+        convert(str(tiny_ckpt), str(out), "bf16", shard_size="3MB", command=BF16_CMD)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mm_out(tiny_ckpt, tmp_path_factory):
+    pytest.importorskip("flashinfer.megamoe")
+    out = tmp_path_factory.mktemp("card") / "mm"
+    convert(str(tiny_ckpt), str(out), "megamoe_sm90_mxfp4", ep_size=2)
+    return out
+
+
+@pytest.fixture
+def hub_cache(tiny_ckpt, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_bf16_card(bf16_out):
+    card = load_card(bf16_out)
+    d = card.data.to_dict()
+    m = manifest(bf16_out)
+    assert "base_model" not in d  # a local folder is no Hub base model
+    assert d["library_name"] == "fimoe-convert"
+    assert {"deepseek_v4", "fimoe-convert", "moe", "bf16"} <= set(d["tags"]) and "flashinfer" not in d["tags"]
+    meta = d["fimoe_convert"]
+    assert meta["source"] == {"path": m["source"]["spec"]}
+    assert meta["target"] == "bf16" and meta["kernel_name"] is None and meta["vllm_moe_backend"] is None
+    assert meta["compute_capabilities"] == [] and meta["runtime_needs"] == [] and meta["needs_nvshmem"] is False
+    assert meta["ep_size"] == 1 and meta["command"] == BF16_CMD
+    fi = None
+    try:
+        fi = importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    assert meta["versions"] == {"fimoe-convert": m["tool"]["version"], "torch": torch.__version__.split("+")[0],
+                                "flashinfer": fi, "safetensors": importlib.metadata.version("safetensors")}
+    assert f"```\n{BF16_CMD}\n```" in card.text
+    assert "| compute capabilities | any |" in card.text and "| runtime needs | none beyond the engine |" in card.text
+    assert "revision local folder" in card.text
+    # The load snippet runs as written (against the local OUT).
+    scope: dict = {}
+    exec(python_block(card.text, bf16_out), scope)
+    assert scope["w1"].dtype == torch.bfloat16 and tuple(scope["w1"].shape) == (128, 256)
+    # The card is listed in the manifest, so verify covers it.
+    assert "README.md" in m["files"] and verify(str(bf16_out))["problems"] == []
+
+
+def test_megamoe_card(mm_out, tiny_ckpt):
+    card = load_card(mm_out)
+    d = card.data.to_dict()
+    assert d["library_name"] == "fimoe-convert" and "base_model" not in d
+    assert {"flashinfer", "sm90", "megamoe_sm90_mxfp4", "moe"} <= set(d["tags"])
+    meta = d["fimoe_convert"]
+    assert meta["target"] == meta["kernel_name"] == "megamoe_sm90_mxfp4"
+    assert meta["compute_capabilities"] == ["9.0"] and meta["needs_nvshmem"] is False and meta["ep_size"] == 2
+    assert meta["runtime_needs"] == ["torch.distributed (process group)", "torch symmetric memory (MegaMoESymmBuffer)"]
+    # convert() called as a library: the card gives the equivalent command.
+    assert meta["command"] == f"fimoe-convert {tiny_ckpt} OUT --target megamoe_sm90_mxfp4 --ep-size 2"
+    assert "| compute capabilities | 9.0 |" in card.text and "| NVSHMEM | not needed |" in card.text
+    assert "load_megamoe_weights" in card.text and "mxfp4_mega_moe" in card.text
+    scope: dict = {}
+    exec(python_block(card.text, mm_out), scope)
+    from fimoe_convert.runtime import load_megamoe_weights
+
+    want = load_megamoe_weights(mm_out, "layers.0", rank=0)
+    for name, w in zip(("l1", "l2", "l1_scales", "l2_scales"), want):
+        assert torch.equal(scope[name], w)
+
+
+def test_hub_source_card_names_repo_and_revision(hub_cache, tmp_path):
+    out = tmp_path / "out"
+    convert(REPO, str(out), "bf16", offline=True)
+    card = load_card(out)
+    d = card.data.to_dict()
+    assert d["base_model"] == REPO
+    assert d["fimoe_convert"]["source"] == {"repo_id": REPO, "revision": COMMIT}
+    assert d["fimoe_convert"]["command"] == f"fimoe-convert {REPO} OUT --target bf16 --revision {COMMIT}"
+    assert f"| base model | {REPO} (revision {COMMIT}) |" in card.text
+    assert card.text.lstrip().startswith(f"# {REPO} for `bf16`")
+
+
+def test_moe_ep_card_says_nvshmem_and_loads_with_mega_config(mm_out):
+    """A moe_ep kernel target (its preprocessing needs CUDA, so the manifest is made by hand here)."""
+    m = manifest(mm_out)
+    info = get_target("sm100_nvfp4_nvfp4_bf16_cutedsl").info
+    m["target"] = {"name": info.name, "kernel_name": info.kernel_name, "vllm_moe_backend": info.vllm_moe_backend,
+                   "capabilities": list(info.capabilities), "weight_format": info.weight_format,
+                   "activation_format": info.activation_format, "needs_nvshmem": info.needs_nvshmem,
+                   "runtime_module": info.runtime_module, "parameters": {}}
+    card = ModelCard(model_card(m, command="fimoe-convert org/x OUT --target sm100_nvfp4_nvfp4_bf16_cutedsl"))
+    meta = card.data.to_dict()["fimoe_convert"]
+    assert meta["runtime_needs"] == ["torch.distributed", "NVSHMEM"] and meta["needs_nvshmem"] is True
+    assert meta["compute_capabilities"] == ["10.0", "10.3"] and {"sm100", "sm103"} <= set(card.data.tags)
+    assert meta["vllm_moe_backend"] == "flashinfer_moe_ep_mega_cutedsl"
+    assert "| NVSHMEM | needed |" in card.text
+    assert 'cfg = mega_config(out, "layers.0", rank=0, device="cuda")' in card.text
+
+
+def test_cli_card_has_the_exact_command_and_no_token(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--shard-size", "3MB", "-q"])
+    assert res.exit_code == 0, res.output
+    want = f"fimoe-convert {shlex.quote(str(tiny_ckpt))} OUT --shard-size 3MB"
+    assert load_card(out).data.to_dict()["fimoe_convert"]["command"] == want
+    assert all(TOKEN.encode() not in p.read_bytes() for p in out.iterdir())
+
+
+def test_token_never_reaches_out(bf16_out):
+    assert all(TOKEN.encode() not in p.read_bytes() for p in bf16_out.iterdir())
+
+
+# ------------------------------------------------------------------ identical digests (image layers cache)
+
+def test_megamoe_two_conversions_give_identical_digests(mm_out, tiny_ckpt, tmp_path):
+    again = tmp_path / "elsewhere" / "mm"
+    convert(str(tiny_ckpt), str(again), "megamoe_sm90_mxfp4", ep_size=2)
+    assert digests(again) == digests(mm_out)
+    assert len(digests(again)) == len(manifest(again)["files"]) + 1  # nothing besides the manifest's files
+
+
+def test_hub_cache_source_two_conversions_give_identical_digests(hub_cache, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b" / "out"
+    convert(REPO, str(a), "bf16", offline=True, shard_size="3MB")
+    convert(REPO, str(b), "bf16", offline=True, shard_size="3MB")
+    assert digests(a) == digests(b) and len(digests(a)) >= 8
+
+
+# ------------------------------------------------------------------ convert --dry-run
+
+def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--dry-run", "--shard-size", "3MB"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "plan for --target bf16 on cpu: 3 shards"
+    assert re.fullmatch(r"read [0-9.]+ MB, write [0-9.]+ MB, free disk [0-9.]+ [kMGT]?B", lines[4])
+    assert re.fullmatch(r"ETA: (under 1 s|about ([0-9]+ s|[0-9.]+ min|[0-9.]+ h)) \(estimate: read \+ write "
+                        r"[0-9.]+ MB at [0-9.]+ [kMGT]?B/s, the read rate of a [0-9.]+ [kMGT]?B sample of SRC, x1\.25; "
+                        r".*\)", lines[5]), lines[5]
+    assert not out.exists()
