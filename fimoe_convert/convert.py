@@ -286,10 +286,18 @@ def convert(
 
     problems: list[str] = []
     source = None
-    try:
-        source = open_source(src, revision=revision, offline=offline)
-    except ValidationError as e:
-        problems += e.problems
+    group = _Group()
+    # Under torchrun, one process per node resolves SRC first (a Hub download happens once per node);
+    # the others then find it in the shared cache.
+    local_first = group.world > 1 and int(os.environ.get("LOCAL_RANK", group.rank)) == 0
+    for turn in ((True, False) if group.world > 1 else (None,)):
+        if turn is None or turn == local_first:
+            try:
+                source = open_source(src, revision=revision, offline=offline)
+            except ValidationError as e:
+                problems += e.problems
+        if turn is True:
+            group.barrier()
     if source is not None:
         problems += _check_out(source.root, out_dir, resume, overwrite)
         problems += tgt.validate(source.model, opts)
@@ -305,7 +313,6 @@ def convert(
                                + (" or use a larger --ep-size" if tgt.info.kernel_name else "")])
     options = _options_record(tgt, opts, shard_bytes)
 
-    group = _Group()
     owner = assign_shards(list(plan.shards), group.world)
     kept: dict[str, dict] = {}
     old: dict | None = None
