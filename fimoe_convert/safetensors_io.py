@@ -7,6 +7,7 @@ Files read and written here stay readable by `safetensors.safe_open` (tests chec
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -65,7 +66,7 @@ def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Heade
                          "the download is truncated, fetch it again")
     try:
         obj = json.loads(read_json(n))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, >4300-digit ints, deep nesting
         raise InputError(f"{where}: header is not valid JSON ({e.__class__.__name__}: {e}); "
                          "the file is corrupt or not safetensors") from None
     if not isinstance(obj, dict):
@@ -82,7 +83,7 @@ def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Heade
             raise InputError(f"{where}: tensor {name!r}: header entry must have exactly dtype, shape, "
                              f"data_offsets; saw {entry!r:.200}")
         dtype, shape, offs = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise InputError(f"{where}: tensor {name!r}: unknown dtype {dtype!r}; expected one of "
                              f"{', '.join(DTYPES)}")
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
@@ -127,15 +128,19 @@ def read_bytes(path: Path, info: TensorInfo, out: torch.Tensor | None = None) ->
     """The raw bytes of one tensor as a uint8 CPU tensor (into `out` when given)."""
     buf = out if out is not None else torch.empty(info.nbytes, dtype=torch.uint8)
     view = memoryview(buf.numpy()).cast("B")
-    with open(path, "rb", buffering=0) as f:
-        f.seek(info.start)
-        got = 0
-        while got < info.nbytes:
-            n = f.readinto(view[got:info.nbytes])
-            if not n:
-                raise InputError(f"{path}: tensor {info.name!r}: file ended after {got} of {info.nbytes} bytes; "
-                                 "it changed while being read or is truncated")
-            got += n
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(info.start)
+            got = 0
+            while got < info.nbytes:
+                n = f.readinto(view[got:info.nbytes])
+                if not n:
+                    raise InputError(f"{path}: tensor {info.name!r}: file ended after {got} of {info.nbytes} bytes; "
+                                     "it changed while being read or is truncated")
+                got += n
+    except OSError as e:
+        raise InputError(f"{path}: tensor {info.name!r}: cannot read ({e.strerror}); the file changed or vanished "
+                         "while being read, restore it and run the same command with --resume") from e
     return buf
 
 
@@ -187,6 +192,18 @@ class WrittenFile:
     sha256: str
 
 
+def write_failed(path: Path, e: OSError) -> InputError:
+    """A one-line error for a failed write into OUT (disk full, quota, permissions), naming the file."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "the disk is full" if e.errno == errno.ENOSPC else "the disk quota is exceeded"
+        step = f"free space on the disk holding {path.parent}"
+    else:
+        what = e.strerror or e.__class__.__name__
+        step = f"make sure {path.parent} is writable"
+    return InputError(f"{path}: cannot write ({what}); {step}, then run the same command with --resume "
+                      "(finished shards are kept)")
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -209,11 +226,22 @@ class ShardWriter:
         self._left = 0
         self._sha = hashlib.sha256()
         self._size = 0
-        self._f = open(self.tmp, "wb")
-        self._write(build_header(self.planned, metadata))
+        self._done = False
+        try:
+            self._f = open(self.tmp, "wb")
+        except OSError as e:
+            raise write_failed(self.path, e) from e
+        try:
+            self._write(build_header(self.planned, metadata))
+        except BaseException:
+            self.abort()
+            raise
 
     def _write(self, data) -> None:
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise write_failed(self.path, e) from e
         self._sha.update(data)
         self._size += len(data)
 
@@ -251,23 +279,32 @@ class ShardWriter:
         self.end_tensor()
         if self._next != len(self.planned):
             raise AssertionError(f"{self.path.name}: {len(self.planned) - self._next} planned tensors not written")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self.tmp, self.path)
-        fsync_dir(self.path.parent)
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            os.replace(self.tmp, self.path)
+            self._done = True
+            fsync_dir(self.path.parent)
+        except OSError as e:
+            raise write_failed(self.path, e) from e
         return WrittenFile(self._size, self._sha.hexdigest())
 
     def abort(self) -> None:
-        if not self._f.closed:
-            self._f.close()
-        self.tmp.unlink(missing_ok=True)
+        """Close and delete the temporary file (a failed flush of discarded bytes is ignored)."""
+        try:
+            if not self._f.closed:
+                self._f.close()
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> "ShardWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._f.closed:
+        if not self._done:
             self.abort()
 
 
@@ -298,10 +335,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> WrittenFile:
     """Write `data` to `path` through a temporary name, fsync and rename."""
     path = Path(path)
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+    except OSError as e:
+        raise write_failed(path, e) from e
     return WrittenFile(len(data), hashlib.sha256(data).hexdigest())

@@ -11,7 +11,8 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from .checkpoint import EXPERT_LEGS, ModelSpec, expected_expert_tensors, model_spec_from_config, parse_expert_name
+from .checkpoint import (EXPERT_LEGS, ModelSpec, expected_expert_tensors, model_spec_from_config, natural_key,
+                         parse_expert_name)
 from .errors import InputError, UsageError, ValidationError
 from .safetensors_io import Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
 
@@ -137,13 +138,14 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool) -> tuple
 def _check_rel_path(rel: str, root: Path, allowed: Path, where: str) -> str | None:
     """Problem text when `rel` (from the index) could leave the snapshot, else None."""
     p = PurePosixPath(rel)
-    if not rel or p.is_absolute() or "\\" in rel or any(part in ("..", "") for part in rel.split("/")) or ":" in p.parts[0]:
+    if (not rel or not p.parts or p.is_absolute() or "\\" in rel or "\0" in rel
+            or any(part in ("..", "") for part in rel.split("/")) or ":" in p.parts[0]):
         return f"{where}: shard file name {rel!r} is not a plain relative path inside the checkpoint; refusing it"
     full = root / rel
     try:
         resolved = full.resolve(strict=False)
-    except OSError as e:
-        return f"{where}: shard {rel!r} cannot be resolved ({e.strerror})"
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        return f"{where}: shard {rel!r} cannot be resolved ({getattr(e, 'strerror', None) or 'symlink loop'})"
     if not resolved.is_relative_to(allowed):
         return f"{where}: shard {rel!r} is a link to {resolved}, outside the checkpoint folder {allowed}; refusing it"
     return None
@@ -233,6 +235,7 @@ def check_experts(model: ModelSpec, tensors: dict[str, TensorInfo]) -> list[str]
     blocks = set(model.moe_blocks)
     expected = {leg: expected_expert_tensors(model, leg) for leg in EXPERT_LEGS}
     stray: list[str] = []
+    wrong: list[tuple[tuple, str]] = []  # (sort key, problem) per expert tensor of the wrong dtype/shape
     for name, info in tensors.items():
         key = parse_expert_name(name)
         if key is None:
@@ -241,13 +244,22 @@ def check_experts(model: ModelSpec, tensors: dict[str, TensorInfo]) -> list[str]
             stray.append(name)
             continue
         dtype, shape = expected[key.leg][key.kind]
+        if key.kind == "scale" and model.expert_dtype == "fp8" and info.dtype == "F8_E8M0":
+            dtype = "F8_E8M0"  # FP8 repackages (and fp8_block's default) keep E8M0 tile scales
         if (info.dtype, info.shape) != (dtype, shape):
             hint = ""
             if key.kind == "weight" and info.dtype == "F8_E4M3" and model.expert_dtype == "fp4":
                 hint = "; these look like FP8 (Base) experts: set expert_dtype to 'fp8' in config.json"
-            problems.append(f"tensor {name!r}: {info.dtype} {list(info.shape)}, expected {dtype} {list(shape)} "
-                            f"(expert_dtype {model.expert_dtype}, hidden_size {model.hidden_size}, "
-                            f"moe_intermediate_size {model.moe_intermediate_size}){hint}")
+            wrong.append(((key.kind != "weight", natural_key(name)),
+                          f"tensor {name!r}: {info.dtype} {list(info.shape)}, expected {dtype} {list(shape)} "
+                          f"(expert_dtype {model.expert_dtype}, hidden_size {model.hidden_size}, "
+                          f"moe_intermediate_size {model.moe_intermediate_size}){hint}"))
+    if len(wrong) > MAX_EXAMPLES:  # one line, not one per expert tensor, when config.json contradicts them all
+        examples = "; ".join(text for _, text in sorted(wrong)[:MAX_EXAMPLES])
+        problems.append(f"{len(wrong)} routed-expert tensors do not match config.json, e.g. {examples}; "
+                        "config.json contradicts the tensors")
+    else:
+        problems += [text for _, text in wrong]
     if stray:
         problems.append(f"{len(stray)} routed-expert tensors lie outside the {len(blocks)} MoE blocks x "
                         f"{model.n_routed_experts} experts that config.json declares, e.g. {', '.join(sorted(stray)[:MAX_EXAMPLES])}; "

@@ -1,0 +1,497 @@
+"""Reliability (issue 6): crash-resume, bad inputs through the CLI, header fuzzing, secrets, integrity.
+
+The long versions are scripts: scripts/crash_resume.py (20 SIGKILLs), scripts/fuzz_headers.py
+(100,000 inputs, hypothesis or atheris), scripts/flip_bytes.py (100 flips); docs/RELIABILITY.md
+says what each shows. Every bad input here goes through the CLI and must give: the exit code,
+exactly one `error: ...` line naming the file or tensor, no traceback, the source untouched and
+no complete-looking OUT."""
+
+import errno
+import hashlib
+import http.server
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import test_source as damage
+from click.testing import CliRunner
+
+import fimoe_convert.cli as cli_mod
+from fimoe_convert import safetensors_io as sio
+from fimoe_convert.cli import main
+from fimoe_convert.errors import FimoeError
+from fimoe_convert.safetensors_io import parse_header
+from fimoe_convert.testing import make_checkpoint, seed_hub_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+INDEX = "model.safetensors.index.json"
+MANIFEST = "fimoe-manifest.json"
+REPO = "deepseek-ai/DeepSeek-V4-Tiny"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+INTERRUPTED = "error: interrupted; finished shards are kept: run the same command with --resume"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"_fimoe_script_{name}", ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cli(*args, env=None):
+    return CliRunner().invoke(main, [str(a) for a in args], env=env)
+
+
+def tree_hash(folder: Path, skip: str | None = None) -> dict:
+    """Every entry under `folder` (but `skip`): file sha256, link target, or dir; with its mode (links not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        if Path(dirpath) == folder and skip in dirnames:
+            dirnames.remove(skip)
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            if p.is_symlink():
+                out[str(p.relative_to(folder))] = ("link", os.readlink(p))
+            elif p.is_file():
+                out[str(p.relative_to(folder))] = ("file", st.st_mode, hashlib.sha256(p.read_bytes()).hexdigest())
+            else:
+                out[str(p.relative_to(folder))] = ("dir", st.st_mode)
+    return out
+
+
+def assert_not_complete(out: Path) -> None:
+    if not out.is_dir():
+        return
+    assert not (out / INDEX).exists(), "a failed conversion left an index (a complete-looking OUT)"
+    if (out / MANIFEST).exists():
+        assert json.loads((out / MANIFEST).read_text())["complete"] is False
+    assert not list(out.glob("*" + sio.TMP_SUFFIX)), list(out.iterdir())
+
+
+def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
+    assert r.exit_code == code, (r.exit_code, r.output, r.exception)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert re.search(match, lines[0]), (match, lines[0])
+    assert_not_complete(out)
+
+
+# ------------------------------------------------------------------------------------------ crash-resume
+
+
+def test_crash_resume_three_sigkills(tmp_path):
+    """The CI version of scripts/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written, while
+    the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
+    cr = _script("crash_resume")
+    c = cr.campaign(kills=3, seed=1, workdir=tmp_path, modes=("shard", "manifest", "read"), in_process=True,
+                    log=lambda *a: None)
+    assert c["problems"] == [], c["kills_detail"]
+    assert c["kills"] == 3 and c["resumes_ok"] == 3
+    assert c["verify_passed_on_torn"] == 0 and c["complete_early"] == 0
+    assert c["torn"] >= 2, c["phases"]  # the kill points fall inside the conversion, not after it
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+
+def holey_offsets(src: Path) -> None:
+    """8 spare bytes between the first two tensors of a shard, later offsets shifted past them."""
+    p = src / "model-00002-of-00004.safetensors"
+    data = p.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    first_end = header[names[0]]["data_offsets"][1]
+    for k in names[1:]:
+        header[k]["data_offsets"] = [o + 8 for o in header[k]["data_offsets"]]
+    body = json.dumps(header).encode()
+    body += b" " * (-len(body) % 8)
+    payload = data[8 + n:]
+    p.write_bytes(struct.pack("<Q", len(body)) + body + payload[:first_end] + b"\0" * 8 + payload[first_end:])
+
+
+def unknown_model_type(src):
+    damage._config(src, model_type="deepseek_v5")
+
+
+def config_field_missing(src):
+    damage._config(src, moe_intermediate_size=None)
+
+
+def config_contradicts_tensors(src):
+    damage._config(src, moe_intermediate_size=256)
+
+
+def index_names_dot(src):  # found by scripts/fuzz_headers.py: crashed with IndexError
+    idx = damage._index(src)
+    idx["weight_map"]["embed.weight"] = "."
+    damage._write_index(src, idx)
+
+
+def index_names_nul(src):  # found by the fuzzer: ValueError (embedded null byte) from Path.resolve
+    idx = damage._index(src)
+    idx["weight_map"]["embed.weight"] = "a\0b.safetensors"
+    damage._write_index(src, idx)
+
+
+def symlink_loop(src):  # found by the fuzzer: RuntimeError from Path.resolve on Python < 3.13
+    os.symlink("loop.safetensors", src / "loop.safetensors")
+    idx = damage._index(src)
+    idx["weight_map"]["embed.weight"] = "loop.safetensors"
+    damage._write_index(src, idx)
+
+
+def header_big_int(src):  # found by the fuzzer: ValueError (int > 4300 digits) escaped json.loads
+    p = src / "model-00002-of-00004.safetensors"
+    body = b'{"x":' + b"9" * 5000 + b"}"
+    p.write_bytes(struct.pack("<Q", len(body)) + body + p.read_bytes()[8:])
+
+
+def header_deep_nesting(src):  # found by the fuzzer: RecursionError escaped json.loads
+    p = src / "model-00002-of-00004.safetensors"
+    body = b"[" * 100_000 + b"]" * 100_000
+    p.write_bytes(struct.pack("<Q", len(body)) + body)
+
+
+def header_dtype_not_a_string(src):  # found by the fuzzer: TypeError (unhashable list)
+    def edit(h):
+        h[f"{damage.EXPERT}.weight"]["dtype"] = ["I8"]
+    damage._rewrite_header(damage._shard_of(src, f"{damage.EXPERT}.weight"), edit)
+
+
+def scale_byte_255(src):
+    name = "layers.2.ffn.experts.5.w2.scale"
+    shard = damage._shard_of(src, name)
+    info = sio.read_header(shard).tensors[name]
+    data = bytearray(shard.read_bytes())
+    data[info.start + 3] = 255
+    shard.write_bytes(bytes(data))
+
+
+BAD_INPUTS = [(f, m) for f, m in damage.CASES] + [
+    (holey_offsets, r"model-00002-of-00004\.safetensors: tensor '.*' at data offset \d+ leaves a hole of 8 bytes"),
+    (unknown_model_type, r"config\.json.*model_type is 'deepseek_v5'; expected one of deepseek_v4, deepseek_v41"),
+    (config_field_missing, r"config\.json.*moe_intermediate_size is None; expected a positive integer"),
+    (config_contradicts_tensors, r"^error: 192 routed-expert tensors do not match config\.json, e\.g\. tensor "
+                                 r"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[128, 128\], expected I8 \[256, 128\]"),
+    (index_names_dot, r"shard file name '\.' is not a plain relative path"),
+    (index_names_nul, r"shard file name 'a\\x00b\.safetensors' is not a plain relative path"),
+    (symlink_loop, r"shard 'loop\.safetensors' cannot be resolved"),
+    (header_big_int, r"model-00002-of-00004\.safetensors: header is not valid JSON \(ValueError: Exceeds the limit"),
+    (header_deep_nesting, r"model-00002-of-00004\.safetensors: header is not valid JSON \(RecursionError"),
+    (header_dtype_not_a_string, r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': unknown dtype \['I8'\]"),
+    (scale_byte_255, r"tensor 'layers\.2\.ffn\.experts\.5\.w2\.scale': 1 scale bytes are 255"),
+]
+
+
+@pytest.mark.parametrize("bad, match", BAD_INPUTS, ids=[b.__name__ for b, _ in BAD_INPUTS])
+def test_bad_input_through_the_cli(tiny_copy, tmp_path, bad, match):
+    bad(tiny_copy)
+    before = tree_hash(tiny_copy.parent, skip="out")  # SRC, and what its links point to beside it
+    out = tmp_path / "out"
+    r = cli(tiny_copy, out, "--shard-size", "1MB", "-q")
+    assert_refused(r, out, match)
+    assert tree_hash(tiny_copy.parent, skip="out") == before, "the source changed"
+
+
+def test_fp8_base_experts_for_an_fp4_target(tmp_path):
+    src = make_checkpoint(tmp_path / "base", "tiny", expert_dtype="fp8", layers=1, mtp=0, shards=2)
+    before = tree_hash(src)
+    out = tmp_path / "out"
+    r = cli(src, out, "--target", "megamoe_sm90_mxfp4", "--arch", "9.0", "-q")
+    assert_refused(r, out, r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are "
+                           r"FP8 \(expert_dtype 'fp8'\); use --target bf16")
+    assert tree_hash(src) == before and not out.exists()
+
+
+@pytest.mark.parametrize("where", ["inside", "equal"])
+def test_out_inside_or_equal_to_src(tiny_copy, where):
+    out = tiny_copy / "out" if where == "inside" else tiny_copy
+    before = tree_hash(tiny_copy)
+    r = cli(tiny_copy, out, "-q")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.output
+    assert re.match(rf"error: OUT {re.escape(str(out))}: lies inside SRC", r.stderr), r.stderr
+    assert tree_hash(tiny_copy) == before
+
+
+@pytest.mark.parametrize("how", ["read-only-fs", "chmod", "access-denied"])
+def test_out_not_writable(tiny_ckpt, tmp_path, monkeypatch, how):
+    if how == "read-only-fs":  # a real read-only mount; works as root, where permission bits do not bind
+        folder = Path("/proc/sys")
+        if not folder.is_dir() or os.access(folder, os.W_OK):
+            pytest.skip("no read-only mount at /proc/sys here")
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        if how == "chmod":
+            if os.geteuid() == 0:
+                pytest.skip("running as root: chmod 0o500 does not stop root (see read-only-fs and access-denied)")
+            folder.chmod(0o500)
+        else:  # as root: the check itself, with os.access answering as it would for another user
+            real = os.access
+            monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p) == folder
+                                else real(p, mode, *a, **k))
+    out = folder / "fimoe-out"
+    try:
+        r = cli(tiny_ckpt, out, "-q")
+    finally:
+        if how == "chmod":
+            folder.chmod(0o700)
+    assert_refused(r, out, rf"OUT {re.escape(str(out))}: {re.escape(str(folder))} is not writable; choose a folder")
+    assert not out.exists()
+
+
+class _FullDisk:
+    """A file object whose writes fail with ENOSPC once the shared byte budget is spent (partial write first)."""
+
+    def __init__(self, f, state):
+        self._f, self._state = f, state
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        left = self._state["left"]
+        if len(view) > left:
+            self._f.write(view[:left])
+            self._state["left"] = 0
+            self._state["failed"] = True
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._state["left"] -= len(view)
+        return self._f.write(view)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+@pytest.mark.parametrize("victim, skip, budget, named", [
+    ("model-", 0, 2_500_000, r"model-0000[3-9]-of-00009\.safetensors"),  # mid-shard, after two shards
+    (MANIFEST, 3, 100, re.escape(MANIFEST)),  # the 4th manifest rewrite
+    (INDEX, 0, 10, re.escape(INDEX)),  # while writing the final metadata
+])
+def test_disk_full(tiny_ckpt, tmp_path, monkeypatch, victim, skip, budget, named):
+    """ENOSPC injected into the writer's file writes: a clean error naming the file and the next step, exit 1,
+    temporary files removed, manifest not complete; once space is back, --resume completes and verifies."""
+    state = {"left": budget, "skip": skip, "failed": False}
+    real_open = open
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        name = Path(path).name
+        if "w" in mode and name.endswith(sio.TMP_SUFFIX) and name.startswith(victim):
+            if state["skip"]:
+                state["skip"] -= 1
+                return f
+            return _FullDisk(f, state)
+        return f
+
+    monkeypatch.setattr(sio, "open", fake_open, raising=False)
+    before = tree_hash(tiny_ckpt)
+    out = tmp_path / "out"
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "-q")
+    assert state["failed"]
+    assert_refused(r, out, rf"^error: {re.escape(str(out))}/{named}: cannot write \(the disk is full\); free space on "
+                           rf"the disk holding {re.escape(str(out))}, then run the same command with --resume")
+    monkeypatch.undo()
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "--json")
+    assert r.exit_code == 0, r.output
+    assert victim != "model-" or json.loads(r.stdout)["shards_kept"] >= 2
+    assert cli("verify", out).exit_code == 0
+    assert tree_hash(tiny_ckpt) == before
+
+
+def test_disk_full_on_a_real_tmpfs(tmp_path):
+    """A real ENOSPC from the kernel: OUT on a small tmpfs (private mount namespace) that fills up mid-run."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "crash_resume.py"), "--enospc-tmpfs",
+                        "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    res = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"skipped": p.stderr[-500:]}
+    if res.get("skipped"):
+        pytest.skip(f"no private tmpfs here: {res['skipped']}")
+    assert res["problems"] == [], res
+    assert res["exit_code"] == 1 and res["stderr"].count("\n") == 1 and "cannot write (the disk is full)" in res["stderr"]
+    assert res["resume_exit_code"] == 0 and res["verify_exit_code"] == 0
+
+
+def test_incomplete_hub_snapshot(tiny_ckpt, tmp_path):
+    cache = tmp_path / "hub"
+    snap = seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
+    (snap / "model-00003-of-00004.safetensors").unlink()  # the download stopped before this file's link
+    before = tree_hash(cache)
+    out = tmp_path / "out"
+    r = cli(REPO, out, "--offline", "-q", env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    assert_refused(r, out, r"names shard 'model-00003-of-00004\.safetensors', which does not exist; "
+                           r"the Hub snapshot is incomplete: run again without --offline")
+    assert tree_hash(cache) == before and not out.exists()
+
+
+def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypatch):
+    """KeyboardInterrupt raised from the progress callback, through the CLI: exit 130, one line, resumable."""
+    real = cli_mod.convert
+
+    def interrupted(*a, **kw):
+        inner = kw["progress"]
+
+        def progress(done, total):
+            inner(done, total)
+            if done > total // 2:
+                raise KeyboardInterrupt
+
+        return real(*a, **{**kw, "progress": progress})
+
+    monkeypatch.setattr(cli_mod, "convert", interrupted)
+    out = tmp_path / "out"
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "-q")
+    assert r.exit_code == 130 and r.stderr == INTERRUPTED + "\n", (r.output, r.exception)
+    assert_not_complete(out)
+    assert "written" in json.loads((out / MANIFEST).read_text())["status"].values()
+    assert cli("verify", out).exit_code == 1
+    monkeypatch.undo()
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["shards_kept"] > 0
+    assert cli("verify", out).exit_code == 0
+
+
+def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
+    """SIGINT (Ctrl-C) to the real CLI once the first shard is written."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB",
+                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < 60:
+        try:
+            if "written" in json.loads((out / MANIFEST).read_text())["status"].values():
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert stderr == INTERRUPTED + "\n" and stdout == ""
+    assert_not_complete(out)
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "-q")
+    assert r.exit_code == 0, r.output
+    assert cli("verify", out).exit_code == 0
+
+
+# ------------------------------------------------------------------------------------------------ fuzzing
+
+
+def test_fuzz_headers_short(monkeypatch):
+    """The CI version of scripts/fuzz_headers.py: 2,000 hypothesis inputs; only FimoeError may escape."""
+    fz = _script("fuzz_headers")
+    r = fz.run_hypothesis(2000, seed=1, log=lambda *a: None)
+    assert r["inputs"] >= 2000 and r["accepted"] > 0 and r["rejected"] > 0
+
+
+@pytest.mark.parametrize("raw", [
+    struct.pack("<Q", 5000) + b"9" * 5000,
+    struct.pack("<Q", 200_000) + b"[" * 100_000 + b"]" * 100_000,
+    struct.pack("<Q", 2**64 - 1),
+    b"\x01\x00\x00\x00\x00\x00\x00",
+], ids=["5000-digit-int", "deep-nesting", "max-length", "short"])
+def test_parser_regressions_from_fuzzing(raw):
+    with pytest.raises(FimoeError, match=r"^x\.safetensors: "):
+        parse_header(raw[:8], lambda n: raw[8:8 + n], len(raw), "x.safetensors")
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+
+
+SENTINEL = "hf_SENTINELfimoe0token0must0never0leak"
+
+
+class _EchoingHub(http.server.BaseHTTPRequestHandler):
+    """A hostile Hub endpoint: refuses everything with 401 and echoes the Authorization header back."""
+
+    seen: list[str] = []
+
+    def _refuse(self):
+        auth = self.headers.get("Authorization", "")
+        self.seen.append(auth)
+        body = json.dumps({"error": f"Invalid credentials in Authorization header: {auth}"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Message", f"bad token {auth}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = _refuse
+
+    def log_message(self, *a):
+        pass
+
+
+def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
+    cache = tmp_path / "hub"
+    seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
+    env = {"HF_TOKEN": SENTINEL, "HUGGING_FACE_HUB_TOKEN": SENTINEL, "HF_HUB_CACHE": str(cache),
+           "HF_HUB_OFFLINE": "1", "FIMOE_DEBUG": None}
+    texts: list[str] = []
+    local, hub_out = tmp_path / "local", tmp_path / "hub_out"
+
+    def run(*args, code=0):
+        r = cli(*args, env=env)
+        assert r.exit_code == code, (args, r.output, r.exception)
+        texts.append(r.output + r.stderr)
+
+    run(tiny_ckpt, local, "--json")
+    run(REPO, hub_out, "--offline", "-v")
+    run(REPO, tmp_path / "bad", "--target", "nope", code=2)
+    run("deepseek-ai/Nope", tmp_path / "bad", "--offline", code=1)
+    run("verify", local)
+    run("verify", hub_out, "--deep", "--json")
+    run("inspect", REPO, "--offline", "--json")
+    run("upload", hub_out, "someone/converted", "--dry-run")
+    # A child process against a hostile endpoint that echoes the token: the Hub path online, with -v.
+    _EchoingHub.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoingHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        child_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+        child_env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
+                         HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
+        p = subprocess.run([sys.executable, "-m", "fimoe_convert", "deepseek-ai/Private", str(tmp_path / "bad2"), "-v"],
+                           env=child_env, capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+    assert p.returncode == 1 and p.stderr.startswith("error: SRC 'deepseek-ai/Private'"), p.stderr
+    assert "Traceback" not in p.stderr
+    assert any(SENTINEL in a for a in _EchoingHub.seen)  # the token was really in play
+    texts += [p.stdout, p.stderr]
+    for text in texts:
+        assert SENTINEL not in text
+    for folder in (local, hub_out, tmp_path / "bad", tmp_path / "bad2"):
+        for f in (folder.rglob("*") if folder.exists() else []):
+            if f.is_file():
+                assert SENTINEL.encode() not in f.read_bytes(), f
+    assert json.loads((hub_out / MANIFEST).read_text())["complete"] is True
+
+
+# ---------------------------------------------------------------------------------------------- integrity
+
+
+def test_verify_detects_single_byte_flips(tmp_path):
+    """The CI version of scripts/flip_bytes.py: 10 random single-byte flips across output shards."""
+    r = _script("flip_bytes").flip_campaign(10, seed=1, workdir=tmp_path, log=lambda *a: None)
+    assert r["detected"] == 10 and r["missed"] == [] and r["restored_ok"]
