@@ -18,7 +18,15 @@ def folder(p: Path) -> dict:
     return {f.name: f.read_bytes() for f in sorted(p.iterdir())}
 
 
-def torchrun(src, out, *extra, port):
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(src, out, *extra, port=None):
+    port = port or free_port()
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
             "--master-port", str(port), "-m", "fimoe_convert", str(src), str(out), "--shard-size", "1MB", "-q", *extra]
 
@@ -33,7 +41,7 @@ def reference(tiny_ckpt, tmp_path_factory):
 
 def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run(torchrun(tiny_ckpt, out, port=29611), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(torchrun(tiny_ckpt, out, port=None), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert folder(out) == folder(reference)
 
@@ -41,15 +49,16 @@ def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
 def test_resume_after_killing_the_launch(tiny_ckpt, reference, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(torchrun(tiny_ckpt, out, port=29612), start_new_session=True, env=env,
+    proc = subprocess.Popen(torchrun(tiny_ckpt, out, port=None), start_new_session=True, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(out.glob("fimoe-status.rank*.json")):
+    while time.time() < deadline and proc.poll() is None and not list(out.glob("fimoe-status.rank*.json")):
         time.sleep(0.01)
+    assert list(out.glob("fimoe-status.rank*.json")), "the launch wrote no shard before it ended"
     os.killpg(proc.pid, signal.SIGKILL)  # every rank and the launcher, mid-run
     proc.wait()
     assert read_manifest(out)["complete"] is False
-    r = subprocess.run(torchrun(tiny_ckpt, out, "--resume", port=29613), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(torchrun(tiny_ckpt, out, "--resume", port=None), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert folder(out) == folder(reference)
 
