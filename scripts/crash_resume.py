@@ -37,6 +37,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's package, wherever the installed one points
+
 MANIFEST = "fimoe-manifest.json"
 INDEX = "model.safetensors.index.json"
 TMP = ".fimoe-tmp"
@@ -57,6 +60,11 @@ class Kill:
     resumed: bool = False
 
 
+def child_env() -> dict[str, str]:
+    """The environment for `python3 -m fimoe_convert` children: this checkout's package first."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
 def cli_args(src: Path, out: Path, shard_size: str, *extra: str) -> list[str]:
     return [str(src), str(out), "--shard-size", shard_size, "--device", "cpu", "-q", *extra]
 
@@ -70,7 +78,7 @@ def run_cli(args: list[str], in_process: bool) -> tuple[int, str]:
 
         r = CliRunner().invoke(main, args)
         return r.exit_code, r.stderr + (f"\n{r.exception!r}" if r.exception and r.exit_code not in (0, 1, 2, 130) else "")
-    p = subprocess.run([sys.executable, "-m", "fimoe_convert", *args], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "fimoe_convert", *args], capture_output=True, text=True, env=child_env())
     return p.returncode, p.stderr
 
 
@@ -108,7 +116,7 @@ def _wait_for_kill_point(proc: subprocess.Popen, mode: str, rng: random.Random, 
             time.sleep(0.001)
         return
     k = rng.randint(1, n_shards + (2 if mode == "manifest" else 0))  # the k-th occurrence of the event
-    extra = rng.uniform(0.0, 0.05) if mode == "shard" else 0.0
+    extra = rng.uniform(0.0, 0.003) if mode == "shard" else 0.0  # the whole write phase lasts ~0.2 s
     seen: set[str] = set()
     manifest_rewrites = reads = 0
     in_tmp = False
@@ -220,7 +228,10 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
         reference = folder_bytes(ref)
         n_shards = sum(1 for n in reference if n.startswith("model-"))
         if not in_process:
-            log(f"reference: {n_shards} output shards, {len(reference)} files, CLI run {ref_seconds:.1f} s")
+            pkg = subprocess.run([sys.executable, "-c", "import fimoe_convert; print(fimoe_convert.__file__)"],
+                                 capture_output=True, text=True, env=child_env()).stdout.strip()
+            log(f"reference: {n_shards} output shards, {len(reference)} files, CLI run {ref_seconds:.1f} s; "
+                f"package {Path(pkg).parent}")
         rng = random.Random(seed)
         plan = [modes[i % len(modes)] for i in range(kills)]
         rng.shuffle(plan)
@@ -229,7 +240,7 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
         for i, mode in enumerate(plan):
             shutil.rmtree(out, ignore_errors=True)
             proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env())
             try:
                 _wait_for_kill_point(proc, mode, rng, src, out, ref_seconds if not in_process else 4.0, n_shards)
                 exited = proc.poll() is not None
@@ -303,7 +314,7 @@ def enospc_on_tmpfs(work: Path, shard_size: str = "1MB") -> dict:
     try:
         out = mnt / "out"
         proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
         t0 = time.monotonic()
         filled = 0
         while proc.poll() is None and time.monotonic() - t0 < 120:

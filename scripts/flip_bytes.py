@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Integrity check: does `verify` notice a single flipped byte anywhere in an output shard?
 
-    python3 scripts/flip_bytes.py [--flips 100] [--seed 0] [--workdir DIR]
+    python3 scripts/flip_bytes.py [--flips 100] [--seed 0] [--workdir DIR] [--region any|header]
 
 Converts a tiny fixture (`--target bf16 --shard-size 1MB`, several shards), then FLIPS times: picks a
 random output shard and a random byte in it (header or data, seeded), XORs it with a random non-zero
@@ -20,8 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's package, wherever the installed one points
 
-def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, log=print) -> dict:
+
+def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, log=print, region: str = "any") -> dict:
     from click.testing import CliRunner
 
     from fimoe_convert.cli import main
@@ -42,9 +45,9 @@ def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, 
         for i in range(flips):
             shard = rng.choice(shards)
             data = bytearray(shard.read_bytes())
-            at = rng.randrange(len(data))
-            mask = rng.randrange(1, 256)
             header_end = 8 + int.from_bytes(data[:8], "little")
+            at = rng.randrange(len(data) if region == "any" else header_end)
+            mask = rng.randrange(1, 256)
             regions["header" if at < header_end else "data"] += 1
             orig = data[at]
             data[at] ^= mask
@@ -72,9 +75,11 @@ def main() -> int:
     ap.add_argument("--flips", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--region", choices=["any", "header"], default="any",
+                    help="where the byte lies: anywhere in the file (default) or in the header (length + JSON)")
     args = ap.parse_args()
     t0 = time.monotonic()
-    r = flip_campaign(args.flips, args.seed, args.workdir)
+    r = flip_campaign(args.flips, args.seed, args.workdir, region=args.region)
     print(f"detected {r['detected']}/{r['flips']} single-byte flips across {r['shards']} output shards "
           f"({r['regions']['header']} in headers, {r['regions']['data']} in tensor data); "
           f"restored OUT verifies: {r['restored_ok']}; seed {args.seed}, {time.monotonic() - t0:.1f} s")

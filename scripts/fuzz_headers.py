@@ -34,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's package, wherever the installed one points
+
 COUNT = {"n": 0, "accepted": 0, "rejected": 0}
 
 
@@ -361,7 +364,8 @@ def run_atheris(examples: int, seed: int) -> None:
             print(f"  atheris: {COUNT['n']} inputs, {time.monotonic() - t0:.1f} s, "
                   f"{COUNT['accepted']} accepted", flush=True)
 
-    seeds = Path(tempfile.mkdtemp(prefix="fimoe-atheris-"))
+    seeds = Path(tempfile.gettempdir()) / "fimoe-atheris-corpus"  # libFuzzer's corpus, kept between runs
+    seeds.mkdir(exist_ok=True)
     valid = b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}}'
     for mode in (1, 2):  # FuzzedDataProvider reads the ints it consumes from the END of the input
         (seeds / f"valid{mode}").write_bytes(valid + b"\0" * 8 + bytes([0, len(valid), 8, mode]))

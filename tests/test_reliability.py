@@ -49,6 +49,13 @@ def _script(name: str):
     return mod
 
 
+def child_env(**extra) -> dict[str, str]:
+    """Environment for child processes: this checkout's package first, whatever the installed one points at."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {k: v for k, v in env.items() if v is not None}
+
+
 def cli(*args, env=None):
     return CliRunner().invoke(main, [str(a) for a in args], env=env)
 
@@ -321,7 +328,7 @@ def test_disk_full(tiny_ckpt, tmp_path, monkeypatch, victim, skip, budget, named
 def test_disk_full_on_a_real_tmpfs(tmp_path):
     """A real ENOSPC from the kernel: OUT on a small tmpfs (private mount namespace) that fills up mid-run."""
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "crash_resume.py"), "--enospc-tmpfs",
-                        "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                        "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120, env=child_env())
     res = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"skipped": p.stderr[-500:]}
     if res.get("skipped"):
         pytest.skip(f"no private tmpfs here: {res['skipped']}")
@@ -370,19 +377,33 @@ def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypat
 
 
 def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
-    """SIGINT (Ctrl-C) to the real CLI once the first shard is written."""
+    """SIGINT (Ctrl-C) to the real CLI mid-conversion. The conversion proper takes ~0.2 s after ~2 s of start-up,
+    so the child is frozen (SIGSTOP) as soon as its first manifest appears, checked to be mid-run, then sent
+    SIGINT and continued; a run that got past its end before the freeze is tried again."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB",
-                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    t0 = time.monotonic()
-    while proc.poll() is None and time.monotonic() - t0 < 60:
-        try:
-            if "written" in json.loads((out / MANIFEST).read_text())["status"].values():
+    for _attempt in range(5):
+        shutil.rmtree(out, ignore_errors=True)
+        # SIG_DFL: a test run started in the background (`pytest &`) ignores SIGINT, and children inherit that
+        proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB",
+                                 "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        t0 = time.monotonic()
+        while proc.poll() is None and not (out / MANIFEST).exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.0005)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                mid_run = json.loads((out / MANIFEST).read_text())["complete"] is False and not (out / INDEX).exists()
+            except (OSError, ValueError):
+                mid_run = True  # the first manifest is being renamed into place
+            if mid_run:
+                os.kill(proc.pid, signal.SIGINT)
+            os.kill(proc.pid, signal.SIGCONT)
+            if mid_run:
                 break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    else:
+        pytest.fail("5 runs finished before they could be interrupted")
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, stderr)
     assert stderr == INTERRUPTED + "\n" and stdout == ""
@@ -468,11 +489,10 @@ def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoingHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        child_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
-        child_env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
-                         HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
+        hostile = child_env(**{**env, "HF_HUB_OFFLINE": "0"}, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
+                            HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")
         p = subprocess.run([sys.executable, "-m", "fimoe_convert", "deepseek-ai/Private", str(tmp_path / "bad2"), "-v"],
-                           env=child_env, capture_output=True, text=True, timeout=120)
+                           env=hostile, capture_output=True, text=True, timeout=120)
     finally:
         server.shutdown()
     assert p.returncode == 1 and p.stderr.startswith("error: SRC 'deepseek-ai/Private'"), p.stderr
