@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import queue
 import shutil
 import threading
 import time
@@ -41,7 +40,7 @@ from .manifest import (
     write_rank_status,
     write_text,
 )
-from .plan import OutShard, OutTensor, Plan, Unit, assign_shards, ep_ranges, plan_shards
+from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, plan_shards
 from .safetensors_io import IO_BLOCK, PlannedTensor, ShardWriter, sha256_file
 from .source import Source, open_source
 from .targets import Target, TargetOptions, get_target

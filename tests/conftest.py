@@ -7,7 +7,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fimoe_convert.testing import make_checkpoint  # noqa: E402
+from fimoe_convert.testing import make_checkpoint, seed_hub_cache  # noqa: E402
+from seed import HUB_COMMIT, HUB_REPO  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +23,16 @@ def tiny_copy(tiny_ckpt, tmp_path) -> Path:
     dst = tmp_path / "src"
     shutil.copytree(tiny_ckpt, dst)
     return dst
+
+
+@pytest.fixture
+def hub_cache(tiny_ckpt, tmp_path, monkeypatch) -> Path:
+    """The tiny checkpoint as HUB_REPO@HUB_COMMIT in a Hugging Face cache, resolved offline."""
+    cache = tmp_path / "hub"
+    seed_hub_cache(tiny_ckpt, cache, HUB_REPO, HUB_COMMIT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,15 @@
 """Independent references for tests: the seed dequant formula, written from its description
-(vLLM's `_dequant_fp4_ue8m0_gran32`), sharing no code with the package."""
+(vLLM's `_dequant_fp4_ue8m0_gran32`), sharing no code with the package; and a reader of a whole
+output folder through the safetensors library."""
+
+import json
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
+HUB_REPO = "deepseek-ai/DeepSeek-V4-Tiny"
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 SEED_LUT = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -18,3 +26,14 @@ def seed_dequant(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def load_all(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors checkpoint folder, by name."""
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    out = {}
+    for shard in sorted(set(index.values())):
+        with safe_open(str(folder / shard), "pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    return out

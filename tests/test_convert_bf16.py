@@ -8,22 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from seed import same_bits, seed_dequant
+from seed import load_all, same_bits, seed_dequant
 
 from fimoe_convert.convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, UsageError, ValidationError
 from fimoe_convert.manifest import MANIFEST_NAME, read_manifest
 from fimoe_convert.testing import make_checkpoint
-
-
-def load_all(folder: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for shard in sorted(set(index.values())):
-        with safe_open(str(folder / shard), "pt") as f:
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
-    return out
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from seed import SEED_LUT, same_bits
+from seed import SEED_LUT, load_all, same_bits
 
 from fimoe_convert.convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, InputError, ValidationError
@@ -17,16 +16,6 @@ from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from fimoe_convert.safetensors_io import read_header
 from fimoe_convert.source import open_source
 from fimoe_convert.testing import make_checkpoint
-
-
-def load_all(folder: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for shard in sorted(set(index.values())):
-        with safe_open(str(folder / shard), "pt") as f:
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
-    return out
 
 
 # Independent references ----------------------------------------------------------------------------

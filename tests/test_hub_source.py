@@ -6,19 +6,8 @@ import pytest
 
 from fimoe_convert.convert import convert, verify
 from fimoe_convert.errors import InputError, ValidationError
-from fimoe_convert.testing import seed_hub_cache
+from seed import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
-REPO = "deepseek-ai/DeepSeek-V4-Tiny"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-@pytest.fixture
-def hub_cache(tiny_ckpt, tmp_path, monkeypatch):
-    cache = tmp_path / "hub"
-    seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
 
 
 def test_hub_repo_converts_offline_and_pins_revision(hub_cache, tiny_ckpt, tmp_path):

@@ -20,10 +20,8 @@ from fimoe_convert.convert import convert, verify
 from fimoe_convert.hub import model_card
 from fimoe_convert.manifest import MANIFEST_NAME
 from fimoe_convert.targets import get_target
-from fimoe_convert.testing import seed_hub_cache
+from seed import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
-REPO = "deepseek-ai/DeepSeek-V4-Tiny"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
 BF16_CMD = "fimoe-convert ./DeepSeek-V4-Tiny OUT --shard-size 3MB"
 
@@ -64,15 +62,6 @@ def mm_out(tiny_ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("card") / "mm"
     convert(str(tiny_ckpt), str(out), "megamoe_sm90_mxfp4", ep_size=2)
     return out
-
-
-@pytest.fixture
-def hub_cache(tiny_ckpt, tmp_path, monkeypatch):
-    cache = tmp_path / "hub"
-    seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
 
 
 def test_bf16_card(bf16_out):

@@ -3,12 +3,10 @@ independent reference, byte-identical copies, scales dropped, config rewritten w
 expert_dtype), and `inspect` names it and the targets that apply."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from seed import same_bits, seed_dequant
+from seed import load_all, same_bits, seed_dequant
 
 from fimoe_convert.checkpoint.spec import variant_name
 from fimoe_convert.convert import convert, inspect, verify
@@ -26,16 +24,6 @@ VARIANTS = {
     "dspark": ("dspark", {}, "V4 0731/DSpark (3 MTP blocks)", 6, 8),
     "v4.1": ("v4.1", {}, "V4.1", 4, 8),
 }
-
-
-def load_all(folder: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for shard in sorted(set(index.values())):
-        with safe_open(str(folder / shard), "pt") as f:
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
-    return out
 
 
 def ref_fp8_block_dequant(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checkpoint import ModelSpec
+from ..errors import CorruptTensorError
+from ..numerics import find_nan_scales
 from ..plan import Unit, ep_ranges
 
 
@@ -103,3 +105,13 @@ def divisors(n: int) -> list[int]:
 
 def rank_ranges(model: ModelSpec, opts: TargetOptions) -> list[tuple[int, int]]:
     return ep_ranges(model.n_routed_experts, opts.ep_size)
+
+
+def check_scales(inputs: dict[str, torch.Tensor]) -> None:
+    """Refuse E8M0 scale byte 255 (NaN) in any `.scale` input, naming the tensor; F32 scales pass."""
+    for name, t in inputs.items():
+        if name.endswith(".scale") and t.dtype != torch.float32:
+            nan = find_nan_scales(t)
+            if nan:
+                raise CorruptTensorError(f"tensor {name!r}: {nan} scale bytes are 255 (NaN in E8M0), expected "
+                                         "1..254; the checkpoint is corrupt, download this shard again")

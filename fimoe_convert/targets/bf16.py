@@ -6,10 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape
-from ..errors import CorruptTensorError
-from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16, find_nan_scales
+from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, rank_ranges
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges
 
 
 class Bf16Target(Target):
@@ -36,17 +35,13 @@ class Bf16Target(Target):
         return units
 
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+        check_scales(inputs)
         out = {}
         fp8_block = unit.params.get("fp8_block")
         for t in unit.outputs:
             w, s = inputs[t.name], inputs[t.name.removesuffix(".weight") + ".scale"]
             if device == "cuda":
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
-            nan = find_nan_scales(s) if s.dtype != torch.float32 else 0
-            if nan:
-                name = t.name.removesuffix(".weight") + ".scale"
-                raise CorruptTensorError(f"tensor {name!r}: {nan} scale bytes are 255 (NaN in E8M0), expected "
-                                         "1..254; the checkpoint is corrupt, download this shard again")
             if fp8_block:
                 y = dequant_fp8_block_to_bf16(w, s, tuple(fp8_block))
             else:

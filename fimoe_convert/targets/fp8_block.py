@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape
-from ..errors import CorruptTensorError, InputError
-from ..numerics import FP4_GROUP, find_nan_scales
+from ..errors import InputError
+from ..numerics import FP4_GROUP
 from ..numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, rank_ranges
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
 MAX_EXAMPLES = 5  # lossy tiles named in the report
@@ -107,14 +107,11 @@ class Fp8BlockTarget(Target):
 
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
         block, sdt, allow_lossy = unit.params["block"], unit.params["scale_dtype"], unit.params["allow_lossy"]
+        check_scales(inputs)
         out = {}
         for leg in EXPERT_LEGS:
             wname, sname = f"{unit.key}.{leg}.weight", f"{unit.key}.{leg}.scale"
             w, s = inputs[wname], inputs[sname]
-            nan = find_nan_scales(s)
-            if nan:
-                raise CorruptTensorError(f"tensor {sname!r}: {nan} scale bytes are 255 (NaN in E8M0), expected "
-                                         "1..254; the checkpoint is corrupt, download this shard again")
             if device == "cuda":
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
             r = fp4_to_fp8_block(w, s, block)

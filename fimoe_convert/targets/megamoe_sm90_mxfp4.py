@@ -11,11 +11,11 @@ import functools
 import torch
 
 from ..checkpoint import ModelSpec
-from ..errors import CorruptTensorError, InputError
-from ..numerics import dequant_fp4_to_bf16, find_nan_scales
+from ..errors import InputError
+from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, rank_ranges
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges
 
 TILE = 128  # the kernel's N and K tile (elements)
 SYMM_HIDDEN_MULTIPLE = 256  # MegaMoESymmBuffer needs hidden % 256 == 0
@@ -96,10 +96,7 @@ class MegaMoeSm90Mxfp4(Target):
 
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
         lo, hi = unit.experts
-        for name, t in inputs.items():
-            if name.endswith(".scale") and find_nan_scales(t):
-                raise CorruptTensorError(f"tensor {name!r}: {find_nan_scales(t)} scale bytes are 255 (NaN in E8M0), "
-                                         "expected 1..254; the checkpoint is corrupt, download this shard again")
+        check_scales(inputs)
 
         def stack(leg, kind):
             return torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{leg}.{kind}"].view(torch.uint8)

@@ -16,11 +16,10 @@ import torch
 
 from ..checkpoint import ModelSpec
 from ..dtypes import TORCH_TO_ST
-from ..errors import CorruptTensorError
-from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16, find_nan_scales
+from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..numerics.tree import flatten
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, rank_ranges
+from .base import Target, TargetOptions, check_scales, rank_ranges
 
 PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
 LEG_NAMES = ("fc1", "fc2")
@@ -150,7 +149,7 @@ class MoeEpTarget(Target):
     # Conversion -------------------------------------------------------------------------------------
 
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        _check_scales(inputs)
+        check_scales(inputs)
         lo, hi = unit.experts
         model: ModelSpec = unit.params["model"]
 
@@ -186,13 +185,6 @@ class MoeEpTarget(Target):
     def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
         return {**config, "fimoe_convert": {"target": self.info.name, "ep_size": opts.ep_size,
                                             "manifest": "fimoe-manifest.json"}}
-
-
-def _check_scales(inputs: dict[str, torch.Tensor]) -> None:
-    for name, t in inputs.items():
-        if name.endswith(".scale") and t.dtype != torch.float32 and find_nan_scales(t):
-            raise CorruptTensorError(f"tensor {name!r}: {find_nan_scales(t)} scale bytes are 255 (NaN in E8M0), "
-                                     "expected 1..254; the checkpoint is corrupt, download this shard again")
 
 
 @functools.lru_cache(maxsize=64)
