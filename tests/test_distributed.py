@@ -2,6 +2,7 @@
 --resume finishes after the whole launch is killed midway."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,19 +47,39 @@ def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
     assert folder(out) == folder(reference)
 
 
-def test_resume_after_killing_the_launch(tiny_ckpt, reference, tmp_path):
+def start_and_kill(src, out, kill) -> None:
+    """Start a 2-rank launch, wait until a rank has finished a shard, then `kill(launcher)`. Retried when
+    the tiny conversion finished before the kill landed (then there is nothing to resume)."""
+    for _ in range(3):
+        shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.Popen(torchrun(src, out), start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not list(out.glob("fimoe-status.rank*.json")):
+            time.sleep(0.01)
+        if proc.poll() is None:
+            kill(proc)
+        proc.wait(timeout=120)
+        if (out / "fimoe-manifest.json").exists() and read_manifest(out)["complete"] is False:
+            return
+    pytest.fail("the launch finished before it could be killed, 3 times")
+
+
+def kill_launch(proc):
+    os.killpg(proc.pid, signal.SIGKILL)  # every rank and the launcher
+
+
+def kill_one_rank(proc):
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[-1]), signal.SIGKILL)  # torchrun then stops the other rank and fails the launch
+
+
+@pytest.mark.parametrize("kill", [kill_launch, kill_one_rank], ids=["whole-launch", "one-rank"])
+def test_resume_after_a_kill(tiny_ckpt, reference, tmp_path, kill):
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(torchrun(tiny_ckpt, out, port=None), start_new_session=True, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not list(out.glob("fimoe-status.rank*.json")):
-        time.sleep(0.01)
-    assert list(out.glob("fimoe-status.rank*.json")), "the launch wrote no shard before it ended"
-    os.killpg(proc.pid, signal.SIGKILL)  # every rank and the launcher, mid-run
-    proc.wait()
-    assert read_manifest(out)["complete"] is False
-    r = subprocess.run(torchrun(tiny_ckpt, out, "--resume", port=None), capture_output=True, text=True, timeout=300)
+    start_and_kill(tiny_ckpt, out, kill)
+    r = subprocess.run(torchrun(tiny_ckpt, out, "--resume"), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert folder(out) == folder(reference)
 
