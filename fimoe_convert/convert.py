@@ -303,6 +303,7 @@ def convert(
     if problems:
         raise ValidationError(problems)
     assert source is not None
+    group.barrier()  # every rank has checked OUT before rank 0 creates it
 
     plan = build_plan(source, tgt, opts, shard_bytes)
     biggest_unit = max((u.out_bytes for u in plan.units.values()), default=0)

@@ -90,3 +90,16 @@ def test_shard_assignment_balances_bytes():
     owner = assign_shards(shards, 2)
     load = [sum(s.nbytes for s, o in zip(shards, owner) if o == r) for r in (0, 1)]
     assert sorted(load) == [1200, 1300] and owner == assign_shards(shards, 2)
+
+
+def test_two_ranks_from_a_shared_hub_cache(hub_cache, tmp_path):
+    """A Hub repo id under torchrun: every rank reads the one shared cache (offline), same bytes."""
+    from seed import HUB_REPO
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = [sys.executable, "-m", "fimoe_convert", HUB_REPO, str(one), "--shard-size", "1MB", "-q", "--offline"]
+    subprocess.run(single, check=True, timeout=300)
+    r = subprocess.run(torchrun(HUB_REPO, two, "--offline"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert folder(two) == folder(one)
+    assert len(list(two.glob("model-*.safetensors"))) > 2
