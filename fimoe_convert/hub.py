@@ -34,12 +34,20 @@ def _load_snippet(manifest: dict) -> str:
              'out = snapshot_download("REPO_ID")  # or the local OUT folder\n')
     if not tgt.get("kernel_name"):
         name = f"{layer}.ffn.experts.0.w1.weight"
-        return (fetch + "# BF16 routed experts under their original names: serve it as a regular DeepSeek V4\n"
-                "# checkpoint with BF16 experts (no shim needed), or read a tensor directly:\n"
+        if tgt["name"] == "fp8_block":
+            what = ("# FP8 E4M3 routed experts with `.scale` tile scales under their original names: serve it as\n"
+                    "# a DeepSeek V4 FP8 checkpoint (E8M0 scales: SGLang, DeepSeek's inference code; F32 scales with\n"
+                    "# expert_dtype fp8: vLLM), or read a tensor directly:\n")
+            kind = "FP8 E4M3 [out, in]"
+        else:
+            what = ("# BF16 routed experts under their original names: serve it as a regular DeepSeek V4\n"
+                    "# checkpoint with BF16 experts (no shim needed), or read a tensor directly:\n")
+            kind = "BF16 [out, in]"
+        return (fetch + what +
                 "import json, os\nfrom safetensors import safe_open\n"
                 'weight_map = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]\n'
                 f'with safe_open(os.path.join(out, weight_map["{name}"]), "pt") as f:\n'
-                f'    w1 = f.get_tensor("{name}")  # BF16 [out, in]')
+                f'    w1 = f.get_tensor("{name}")  # {kind}')
     if tgt.get("runtime_module") == "flashinfer.megamoe":
         return (fetch + "from fimoe_convert.runtime import load_megamoe_weights\n"
                 f'l1, l2, l1_scales, l2_scales = load_megamoe_weights(out, "{layer}", rank=0, device="cuda")\n'

@@ -188,3 +188,13 @@ def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
                         r"[0-9.]+ MB at [0-9.]+ [kMGT]?B/s, the read rate of a [0-9.]+ [kMGT]?B sample of SRC, x1\.25; "
                         r".*\)", lines[5]), lines[5]
     assert not out.exists()
+
+
+def test_fp8_block_card_snippet_loads_fp8_experts(tiny_ckpt, tmp_path):
+    out = tmp_path / "fp8"
+    convert(str(tiny_ckpt), str(out), "fp8_block")
+    text = load_card(out).text
+    assert "FP8 E4M3 routed experts" in text and "BF16 routed experts" not in text
+    scope: dict = {}
+    exec(python_block(text, out), scope)
+    assert scope["w1"].dtype == torch.float8_e4m3fn and tuple(scope["w1"].shape) == (128, 256)
