@@ -11,7 +11,9 @@ import errno
 import hashlib
 import json
 import os
+import queue
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -212,6 +214,35 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _HashBeside:
+    """sha256 of the bytes written, computed in a thread of its own while the next block is written
+    (hashlib and file writes both release the GIL, so hashing leaves the write path)."""
+
+    QUEUE = 2  # blocks (at most IO_BLOCK bytes each) waiting to be hashed
+
+    def __init__(self):
+        self._sha = hashlib.sha256()
+        self._q: queue.Queue = queue.Queue(maxsize=self.QUEUE)
+        self._t = threading.Thread(target=self._run, name="fimoe-sha256", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while (block := self._q.get()) is not None:
+            self._sha.update(block)
+
+    def update(self, block) -> None:
+        self._q.put(block)
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._sha.hexdigest()
+
+    def close(self) -> None:
+        if self._t.is_alive():
+            self._q.put(None)
+            self._t.join()
+
+
 class ShardWriter:
     """Streams one safetensors file: header from planned shapes, then each tensor's bytes in order.
 
@@ -224,13 +255,13 @@ class ShardWriter:
         self.planned = list(tensors)
         self._next = 0
         self._left = 0
-        self._sha = hashlib.sha256()
         self._size = 0
         self._done = False
         try:
             self._f = open(self.tmp, "wb")
         except OSError as e:
             raise write_failed(self.path, e) from e
+        self._sha = _HashBeside()
         try:
             self._write(build_header(self.planned, metadata))
         except BaseException:
@@ -283,15 +314,17 @@ class ShardWriter:
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+            digest = self._sha.hexdigest()  # the hash thread finishes while fsync runs
             os.replace(self.tmp, self.path)
             self._done = True
             fsync_dir(self.path.parent)
         except OSError as e:
             raise write_failed(self.path, e) from e
-        return WrittenFile(self._size, self._sha.hexdigest())
+        return WrittenFile(self._size, digest)
 
     def abort(self) -> None:
         """Close and delete the temporary file (a failed flush of discarded bytes is ignored)."""
+        self._sha.close()
         try:
             if not self._f.closed:
                 self._f.close()
