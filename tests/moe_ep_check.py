@@ -2,7 +2,8 @@
 convert SRC for TARGET with --ep-size 2, load every block and rank through the runtime loader, and
 compare with FlashInfer's own preprocess function called directly on the same experts, prepared
 independently here (checkpoint bytes via safe_open, BF16 via the seed formula).
-usage: python moe_ep_check.py TARGET SRC OUT [KEY=VALUE ...]   -> prints 'OK <units compared>'"""
+usage: python moe_ep_check.py [--arch X.Y] TARGET SRC OUT [KEY=VALUE ...]   -> prints 'OK <units compared>'
+(--arch: the compute capability converted for, when it is not the GPU's own)"""
 
 import json
 import sys
@@ -18,10 +19,14 @@ from fimoe_convert.convert import convert  # noqa: E402
 from fimoe_convert.numerics.tree import same_object  # noqa: E402
 from fimoe_convert.runtime import load_transformed_weights  # noqa: E402
 
-target, src, out = sys.argv[1:4]
-params = dict(a.split("=", 1) for a in sys.argv[4:])
+argv = sys.argv[1:]
+arch = None
+if argv[:1] == ["--arch"]:
+    arch, argv = argv[1], argv[2:]
+target, src, out = argv[:3]
+params = dict(a.split("=", 1) for a in argv[3:])
 src = Path(src)
-convert(str(src), out, target, ep_size=2, params=params)
+convert(str(src), out, target, ep_size=2, params=params, arch=arch)
 cfg = json.loads((src / "config.json").read_text())
 H, I = cfg["hidden_size"], cfg["moe_intermediate_size"]
 E = cfg["n_routed_experts"]

@@ -15,7 +15,7 @@ SEED_LUT = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0
 
 
 def seed_dequant(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    lut = torch.tensor(SEED_LUT, dtype=torch.float32)
+    lut = torch.tensor(SEED_LUT, dtype=torch.float32, device=packed.device)
     b = packed.view(torch.uint8).to(torch.int64)
     vals = torch.stack([lut[b & 0xF], lut[b >> 4]], dim=-1).flatten(-2)  # element 2i = low nibble
     s = (scales.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)

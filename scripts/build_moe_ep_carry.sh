@@ -1,0 +1,38 @@
+#!/bin/bash
+# Build the two git-ignored carry folders that get flashinfer.moe_ep and the cutlass DSL onto the lent
+# H200 within its 64 MiB-per-call limit (docs/H200_MOE_EP.md):
+#   .carry1/cu13.tar.xz    nvidia-cutlass-dsl-libs-cu13 4.8.1 cp312 unpacked and re-packed with xz -9
+#                          (the wheel is 92 MB; its two .so files are 237 MB raw, 63.6 MB as .tar.xz)
+#   .carry2/               flashinfer 0.7.4 python tree without data/, the cake_*_backend CUDA-source
+#                          folders and all of experimental/ but the two megamoe_ep16 packages (xz);
+#                          the data/ headers and csrc the fused_moe_90 JIT build reads (xz); flashinfer's
+#                          dist-info; the cutlass-dsl, -libs-base, -libs-core and apache-tvm-ffi cp312 wheels;
+#                          the package stub (sitecustomize.py).
+# usage: scripts/build_moe_ep_carry.sh [WHEEL_DIR]  (run in the repo root; WHEEL_DIR holds the four
+#   nvidia_cutlass_dsl*-4.8.1 cp312 wheels, default /tmp/cutl; the python3 here must have
+#   flashinfer-python 0.7.4 installed; .fi-bundle/ from ../shared/tools/fi-carry-bundle.sh supplies the
+#   tvm-ffi wheel and the stub)
+set -euo pipefail
+whl=${1:-/tmp/cutl}
+site=$(python3 -c 'import flashinfer, os; print(os.path.dirname(os.path.dirname(flashinfer.__file__)))')
+mkdir -p .carry1 .carry2/stub
+if [ ! -s .carry1/cu13.tar.xz ]; then
+  t=$(mktemp -d); python3 -m zipfile -e "$whl"/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-*.whl "$t"
+  tar cf - -C "$t" . | xz -9 -T2 > .carry1/cu13.tar.xz; rm -rf "$t"
+fi
+cp "$whl"/nvidia_cutlass_dsl-4.8.1-py3-none-any.whl "$whl"/nvidia_cutlass_dsl_libs_base-4.8.1-cp312-*.whl \
+   "$whl"/nvidia_cutlass_dsl_libs_core-4.8.1-py3-none-any.whl .fi-bundle/apache_tvm_ffi-*.whl .carry2/
+cp .fi-bundle/stub/sitecustomize.py .carry2/stub/
+t=$(mktemp -d)
+(cd "$site" && tar cf - --exclude=__pycache__ --exclude=flashinfer/data --exclude=flashinfer/experimental \
+   --exclude='flashinfer/cake_*_backend' flashinfer) | tar xf - -C "$t"
+mkdir -p "$t/flashinfer/experimental"
+(cd "$site/flashinfer/experimental" && cp -r __init__.py cake_w8a8_megamoe_ep16 cake_mxfp8_megamoe_ep16 "$t/flashinfer/experimental/")
+find "$t" -name __pycache__ -prune -exec rm -rf {} +
+tar cf - -C "$t" flashinfer | xz -6 -T2 > .carry2/fi-moe-ep.tar.xz; rm -rf "$t"
+(cd "$site" && tar cf - --exclude=__pycache__ flashinfer/data/include flashinfer/data/cutlass flashinfer/data/cccl \
+   flashinfer/data/spdlog flashinfer/data/csrc/nv_internal flashinfer/data/csrc/fused_moe/cutlass_backend \
+   flashinfer/data/csrc/*.h flashinfer/data/csrc/*.cuh) | xz -6 -T2 > .carry2/fi-data.tar.xz
+(cd "$site" && tar cJf - flashinfer_python-0.7.4.dist-info) > .carry2/fi-distinfo.tar.xz
+du -b .carry1/* .carry2/* .carry2/stub/*
+du -sb .carry1 .carry2
