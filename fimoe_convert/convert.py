@@ -233,8 +233,11 @@ class _Producer:
                     continue
                 if t.unit != cache_key or t.name not in cache:
                     unit = self.plan.units[t.unit]
-                    inputs = {n: self.source.read(n) for n in unit.inputs}
+                    cuda = self.device == "cuda"
+                    inputs = {n: self.source.read(n, pin=cuda) for n in unit.inputs}
                     cache_key, cache = t.unit, self.target.run(unit, inputs, self.device)
+                    if cuda:  # results are copied to pinned host memory asynchronously: wait once per unit
+                        torch.cuda.current_stream().synchronize()
                 yield (shard.filename, t, cache.pop(t.name), True)
 
     def items(self) -> Iterator[tuple]:

@@ -62,10 +62,12 @@ class Source:
         part = TensorInfo(name, info.dtype, info.shape, info.start + start, info.start + end)
         return read_bytes(self.path_of(name), part)
 
-    def read(self, name: str) -> torch.Tensor:
-        """Tensor `name` with its checkpoint dtype and shape (CPU)."""
+    def read(self, name: str, pin: bool = False) -> torch.Tensor:
+        """Tensor `name` with its checkpoint dtype and shape (CPU; in pinned memory with `pin`, so a copy
+        to the GPU can run without waiting)."""
         info = self.info(name)
-        return as_typed(self.read_raw(name), info.dtype, info.shape)
+        out = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=True) if pin else None
+        return as_typed(self.read_raw(name, out), info.dtype, info.shape)
 
     @property
     def shard_files(self) -> list[str]:

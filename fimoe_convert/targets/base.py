@@ -115,3 +115,13 @@ def check_scales(inputs: dict[str, torch.Tensor]) -> None:
             if nan:
                 raise CorruptTensorError(f"tensor {name!r}: {nan} scale bytes are 255 (NaN in E8M0), expected "
                                          "1..254; the checkpoint is corrupt, download this shard again")
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A CUDA result copied into pinned host memory without waiting (the converter synchronizes once
+    per unit before handing results to the writer); a CPU tensor is returned as it is."""
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host

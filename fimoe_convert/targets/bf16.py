@@ -8,7 +8,7 @@ import torch
 from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
 
 
 class Bf16Target(Target):
@@ -46,7 +46,7 @@ class Bf16Target(Target):
                 y = dequant_fp8_block_to_bf16(w, s, tuple(fp8_block))
             else:
                 y = dequant_fp4_to_bf16(w, s)
-            out[t.name] = y.cpu() if device == "cuda" else y
+            out[t.name] = to_host(y)
         return out
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:

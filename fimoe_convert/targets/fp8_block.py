@@ -23,7 +23,7 @@ from ..errors import InputError
 from ..numerics import FP4_GROUP
 from ..numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
 MAX_EXAMPLES = 5  # lossy tiles named in the report
@@ -117,7 +117,7 @@ class Fp8BlockTarget(Target):
             r = fp4_to_fp8_block(w, s, block)
             self._account(wname, r, s, block, allow_lossy)
             scale = r.tile_scales_f32() if sdt == "F32" else r.tile_scales_e8m0()
-            out[wname], out[sname] = r.weight.cpu(), scale.cpu()
+            out[wname], out[sname] = to_host(r.weight), to_host(scale)
         return out
 
     def _account(self, name: str, r, scales: torch.Tensor, block: tuple[int, int], allow_lossy: bool) -> None:

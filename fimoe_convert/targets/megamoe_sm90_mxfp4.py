@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
 
 TILE = 128  # the kernel's N and K tile (elements)
 SYMM_HIDDEN_MULTIPLE = 256  # MegaMoESymmBuffer needs hidden % 256 == 0
@@ -100,7 +100,7 @@ class MegaMoeSm90Mxfp4(Target):
 
         def stack(leg, kind):
             return torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{leg}.{kind}"].view(torch.uint8)
-                                for j in range(lo, hi)]).to(device)
+                                .to(device, non_blocking=True) for j in range(lo, hi)])
 
         l1p = torch.cat([stack("w1", "weight"), stack("w3", "weight")], dim=1)  # gate rows, then up rows
         l1s = torch.cat([stack("w1", "scale"), stack("w3", "scale")], dim=1)
@@ -125,7 +125,7 @@ class MegaMoeSm90Mxfp4(Target):
         got = {"l1.weight": l1, "l2.weight": l2, "l1.global_scale": legs["l1"][2], "l2.global_scale": legs["l2"][2]}
         out = {}
         for t in unit.outputs:
-            v = got[t.name.removeprefix(unit.key + ".")].cpu()
+            v = to_host(got[t.name.removeprefix(unit.key + ".")])
             if tuple(v.shape) != t.shape:
                 raise AssertionError(f"{t.name}: FlashInfer returned shape {tuple(v.shape)}, planned {t.shape}")
             out[t.name] = v

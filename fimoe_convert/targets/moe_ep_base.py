@@ -19,7 +19,7 @@ from ..dtypes import TORCH_TO_ST
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..numerics.tree import flatten
 from ..plan import OutTensor, Unit
-from .base import Target, TargetOptions, check_scales, rank_ranges
+from .base import Target, TargetOptions, check_scales, rank_ranges, to_host
 
 PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
 LEG_NAMES = ("fc1", "fc2")
@@ -170,7 +170,7 @@ class MoeEpTarget(Target):
             if v is None or tuple(v.shape) != t.shape or TORCH_TO_ST[v.dtype] != t.dtype:
                 got = None if v is None else (TORCH_TO_ST[v.dtype], tuple(v.shape))
                 raise AssertionError(f"{t.name}: FlashInfer returned {got}, planned {(t.dtype, t.shape)}")
-            out[t.name] = v.cpu()
+            out[t.name] = to_host(v)
         if tensors:
             raise AssertionError(f"{unit.key}: FlashInfer returned unplanned tensors {sorted(tensors)}")
         return out
