@@ -272,7 +272,7 @@ class _FullDisk:
         view = memoryview(data).cast("B")
         left = self._state["left"]
         if len(view) > left:
-            self._f.write(view[:left])
+            self._f.write(view[:left // 4096 * 4096])  # O_DIRECT files take whole 4 KiB blocks only
             self._state["left"] = 0
             self._state["failed"] = True
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -1,0 +1,51 @@
+"""The streaming shard writer: same bytes with and without O_DIRECT, at every block-boundary size."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from fimoe_convert import safetensors_io as sio
+from fimoe_convert.safetensors_io import IO_BLOCK, PlannedTensor, write_file
+
+SIZES = [0, 1, sio.DIRECT_ALIGN - 1, sio.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5, 3 * IO_BLOCK + 4097]
+
+
+def _tensors(nbytes: int) -> list[tuple[PlannedTensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(nbytes)
+    big = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+    small = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    return [(PlannedTensor("big", "U8", (nbytes,)), big), (PlannedTensor("small", "F32", (2, 3)), small)]
+
+
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_direct_and_buffered_write_the_same_file(tmp_path, monkeypatch, nbytes):
+    tensors = _tensors(nbytes)
+    direct = write_file(tmp_path / "direct.safetensors", tensors)
+    monkeypatch.delattr(os, "O_DIRECT", raising=False)  # the buffered path, as on tmpfs or macOS
+    buffered = write_file(tmp_path / "buffered.safetensors", tensors)
+    a = (tmp_path / "direct.safetensors").read_bytes()
+    b = (tmp_path / "buffered.safetensors").read_bytes()
+    assert a == b
+    assert direct == buffered
+    assert direct.size == len(a) and direct.sha256 == hashlib.sha256(a).hexdigest()
+    with safe_open(tmp_path / "direct.safetensors", "pt") as f:
+        assert torch.equal(f.get_tensor("big"), tensors[0][1])
+        assert torch.equal(f.get_tensor("small"), tensors[1][1])
+    assert not list(tmp_path.glob("*" + sio.TMP_SUFFIX))
+
+
+def test_opener_uses_o_direct_where_the_file_system_takes_it(tmp_path):
+    """On this machine's disk O_DIRECT is accepted (ext4/xfs); the writer must then use it."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o666))
+    except OSError:
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    with open(tmp_path / "x", "wb", buffering=0, opener=sio._direct_opener) as f:
+        assert sio._is_direct(f)
