@@ -48,7 +48,7 @@ from .units import parse_size
 
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
-READ_AHEAD_MAX = 256 << 20  # bytes of converted tensors queued for the writer, at most
+READ_AHEAD_MAX = 256 << 20  # bytes read or converted ahead of the writer, unless two units need more
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
 
 
@@ -66,6 +66,10 @@ class ConvertResult:
     free_disk: int | None = None
     plan: list[dict] = field(default_factory=list)
     report: dict = field(default_factory=dict)
+    # Seconds: `start` until the first shard (imports excluded), then per stage: `read` (source into host
+    # memory), `convert` (the target's transform), `wait_for_device` (the writer waiting for device-to-host
+    # copies), `wait_for_data` (the writer idle), `write` (copy into write buffers, disk, fsync).
+    timings: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -149,32 +153,53 @@ def _source_record(source: Source, hashes: dict[str, str | None]) -> dict:
     return {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files}
 
 
-class _ByteBudgetQueue:
-    """A FIFO whose pending items stay under a byte budget (one item may exceed it alone)."""
+class _Budget:
+    """Bytes of host memory held by work in flight (read, converted or waiting to be written), kept under
+    `cap`; work that needs more than `cap` alone still proceeds when nothing else is in flight."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.items: list = []
-        self.pending = 0
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.used = 0
         self.cv = threading.Condition()
         self.closed = False
 
-    def put(self, item, nbytes: int) -> None:
+    def acquire(self, n: int) -> None:
         with self.cv:
-            self.cv.wait_for(lambda: self.closed or not self.items or self.pending + nbytes <= self.budget)
+            self.cv.wait_for(lambda: self.closed or self.used <= 0 or self.used + n <= self.cap)
             if self.closed:
                 raise _Stopped
-            self.items.append((item, nbytes))
-            self.pending += nbytes
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self.cv:
+            self.used -= n
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+
+
+class _Queue:
+    """A FIFO between two stages (its items' memory is accounted in `_Budget`); `close` wakes a blocked put."""
+
+    def __init__(self):
+        self.items: list = []
+        self.cv = threading.Condition()
+        self.closed = False
+
+    def put(self, item) -> None:
+        with self.cv:
+            if self.closed:
+                raise _Stopped
+            self.items.append(item)
             self.cv.notify_all()
 
     def get(self):
         with self.cv:
             self.cv.wait_for(lambda: self.items)
-            item, nbytes = self.items.pop(0)
-            self.pending -= nbytes
-            self.cv.notify_all()
-            return item
+            return self.items.pop(0)
 
     def close(self) -> None:
         with self.cv:
@@ -191,63 +216,126 @@ _END = object()
 
 
 class _Producer:
-    """Background thread: reads source tensors and runs the target, in the writer's order."""
+    """Two background threads feeding the writer, in the writer's order: a reader (source bytes into host
+    memory, pinned for a GPU) and a converter (the target's transform). One byte budget covers everything
+    between reading and writing, so reading, host-to-device copies, compute, device-to-host copies and
+    writing overlap within it. On CUDA the converter does not wait for its device-to-host copies: each
+    unit's results carry an event that the writer waits on."""
 
     def __init__(self, plan: Plan, shards: list[OutShard], source: Source, target: Target, device: str,
                  budget: int):
         self.plan, self.shards, self.source, self.target, self.device = plan, shards, source, target, device
-        self.q = _ByteBudgetQueue(budget)
-        self.thread = threading.Thread(target=self._run, name="fimoe-producer", daemon=True)
+        self.budget = _Budget(budget)
+        self.inq = _Queue()  # reader -> converter
+        self.q = _Queue()  # converter -> writer
+        self.seconds = {"read": 0.0, "convert": 0.0, "wait_for_device": 0.0}
+        self.threads = [threading.Thread(target=self._pump, args=(self._reads, self.inq), name="fimoe-read", daemon=True),
+                        threading.Thread(target=self._pump, args=(self._converted, self.q), name="fimoe-convert",
+                                         daemon=True)]
 
     def __enter__(self) -> "_Producer":
-        self.thread.start()
+        for t in self.threads:
+            t.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.budget.close()
+        self.inq.close()
         self.q.close()
-        self.thread.join(timeout=60)
+        for t in self.threads:
+            t.join(timeout=60)
 
-    def _run(self) -> None:
+    @staticmethod
+    def _pump(items: Callable[[], Iterator[tuple]], q: _Queue) -> None:
         try:
-            for item in self._items():
-                data = item[2]
-                self.q.put(item, data.numel() * data.element_size() if isinstance(data, torch.Tensor) else 0)
-            self.q.put(_END, 0)
+            for item in items():
+                q.put(item)
+            q.put(_END)
         except _Stopped:
             return
-        except BaseException as e:  # handed to the writer thread, which raises it
+        except BaseException as e:  # handed on to the writer thread, which raises it
             try:
-                self.q.put(e, 0)
+                q.put(e)
             except _Stopped:
                 pass
 
-    def _items(self) -> Iterator[tuple]:
-        cache_key, cache = None, {}
+    def _reads(self) -> Iterator[tuple]:
+        """("copy", shard file, tensor, bytes, last) blocks of copied tensors, and ("run", unit, inputs) before
+        the first output of each unit, then ("out", shard file, tensor)."""
+        current = None
+        pin = self.device == "cuda"
         for shard in self.shards:
             for t in shard.tensors:
                 if t.unit is None:  # byte-for-byte copy, streamed in blocks
                     n = self.source.info(t.name).nbytes
                     for start in range(0, max(n, 1), IO_BLOCK):
                         end = min(n, start + IO_BLOCK)
-                        yield (shard.filename, t, self.source.read_range(t.name, start, end), end == n)
+                        self.budget.acquire(end - start)
+                        t0 = time.perf_counter()
+                        data = self.source.read_range(t.name, start, end)
+                        self.seconds["read"] += time.perf_counter() - t0
+                        yield ("copy", shard.filename, t, data, end == n)
                     continue
-                if t.unit != cache_key or t.name not in cache:
+                if t.unit != current:
+                    current = t.unit
                     unit = self.plan.units[t.unit]
-                    cuda = self.device == "cuda"
-                    inputs = {n: self.source.read(n, pin=cuda) for n in unit.inputs}
-                    cache_key, cache = t.unit, self.target.run(unit, inputs, self.device)
-                    if cuda:  # results are copied to pinned host memory asynchronously: wait once per unit
-                        torch.cuda.current_stream().synchronize()
-                yield (shard.filename, t, cache.pop(t.name), True)
+                    in_bytes = sum(self.source.info(n).nbytes for n in unit.inputs)
+                    self.budget.acquire(in_bytes + unit.out_bytes)  # its inputs now, its outputs soon
+                    t0 = time.perf_counter()
+                    inputs = {n: self.source.read(n, pin=pin) for n in unit.inputs}
+                    self.seconds["read"] += time.perf_counter() - t0
+                    yield ("run", unit, inputs, in_bytes)
+                yield ("out", shard.filename, t)
+
+    def _converted(self) -> Iterator[tuple]:
+        """(shard file, tensor, data, last, event or None) in the writer's order."""
+        results: dict[str, torch.Tensor] = {}
+        event = None
+        for item in _drain(self.inq):
+            if item[0] == "copy":
+                yield (*item[1:], None)
+            elif item[0] == "run":
+                _, unit, inputs, in_bytes = item
+                t0 = time.perf_counter()
+                results = self.target.run(unit, inputs, self.device)
+                del inputs
+                if self.device == "cuda":
+                    event = torch.cuda.Event()
+                    event.record()
+                self.seconds["convert"] += time.perf_counter() - t0
+                # the writer releases each output's bytes as it writes them; the inputs are done with
+                self.budget.release(in_bytes + unit.out_bytes - sum(_nbytes(r) for r in results.values()))
+            else:
+                _, fname, t = item
+                yield (fname, t, results.pop(t.name), True, event)
 
     def items(self) -> Iterator[tuple]:
-        while True:
-            item = self.q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        """(shard file, tensor, CPU data, last) for the writer, once the data is on the host; the data's bytes
+        leave the budget when the writer asks for the next item."""
+        held = 0
+        for fname, t, data, last, event in _drain(self.q):
+            self.budget.release(held)
+            if event is not None:
+                t0 = time.perf_counter()
+                event.synchronize()
+                self.seconds["wait_for_device"] += time.perf_counter() - t0
+            held = _nbytes(data)
+            yield fname, t, data, last
+        self.budget.release(held)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _drain(q: _Queue) -> Iterator:
+    while True:
+        item = q.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
 
 
 def convert(
@@ -397,8 +485,10 @@ def convert(
     mine: dict[str, dict] = {}
 
     done = 0
-    # Read-ahead: enough to keep reader, converter and writer busy, a small part of --max-memory.
-    budget = min(max(memory_bytes // 4 - 2 * biggest_unit, IO_BLOCK), READ_AHEAD_MAX)
+    # Bytes in flight between reading and writing: enough for two units or READ_AHEAD_MAX, within a quarter
+    # of --max-memory (the rest: write buffers, the unit being converted, pinned and allocator caches).
+    budget = max(min(memory_bytes // 4, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK)
+    timings = {"start": time.perf_counter() - t0, "wait_for_data": 0.0, "write": 0.0}
     with _Producer(plan, todo, source, tgt, dev, budget) as producer:
         items = producer.items()
         for shard in todo:
@@ -408,14 +498,20 @@ def convert(
                     writer.begin_tensor(t.name)
                     last = False
                     while not last:
+                        t1 = time.perf_counter()
                         fname, got, data, last = next(items)
+                        t2 = time.perf_counter()
                         assert fname == shard.filename and got.name == t.name, (fname, got.name, t.name)
                         writer.write_part(data)
+                        timings["wait_for_data"] += t2 - t1
+                        timings["write"] += time.perf_counter() - t2
                         done += data.numel() * data.element_size()
                         if progress:
                             progress(done, write_total)
                     writer.end_tensor()
+                t1 = time.perf_counter()
                 rec = writer.finish()
+                timings["write"] += time.perf_counter() - t1
             mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256}
             if group.world == 1:
                 manifest["files"][shard.filename] = mine[shard.filename]
@@ -424,6 +520,8 @@ def convert(
             else:  # one status file per rank: ranks never rewrite the same file
                 write_rank_status(out_dir, group.rank, mine)
 
+    timings.update(producer.seconds)
+    result.timings = {k: round(v, 3) for k, v in timings.items()}
     for part in group.gather(mine):
         manifest["files"].update(part)
         manifest["status"].update({f: "written" for f in part})
