@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .errors import InputError
-from .safetensors_io import TMP_SUFFIX, atomic_write_bytes, read_header, sha256_file
+from .safetensors_io import TMP_SUFFIX, atomic_write_bytes, read_header, read_tensors, sha256_file
 
 SCHEMA = "fimoe-manifest/1"
 MANIFEST_NAME = "fimoe-manifest.json"
@@ -155,7 +155,6 @@ def verify_files(out_dir: Path, manifest: dict | None = None) -> VerifyResult:
 
 def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") -> dict[str, torch.Tensor]:
     """Tensors by name from a converted folder, straight to `device`, opening only the shards that hold them."""
-    from safetensors import safe_open
 
     out_dir = Path(out_dir)
     weight_map = json.loads((out_dir / INDEX_NAME).read_text())["weight_map"]
@@ -167,7 +166,5 @@ def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") ->
         by_file.setdefault(weight_map[name], []).append(name)
     out: dict[str, torch.Tensor] = {}
     for rel, ns in sorted(by_file.items()):
-        with safe_open(str(out_dir / rel), framework="pt", device=device) as f:
-            for name in ns:
-                out[name] = f.get_tensor(name)
+        out.update(read_tensors(out_dir / rel, ns, device))
     return out

@@ -49,3 +49,34 @@ def test_opener_uses_o_direct_where_the_file_system_takes_it(tmp_path):
         pytest.skip(f"{tmp_path} does not take O_DIRECT")
     with open(tmp_path / "x", "wb", buffering=0, opener=sio._direct_opener) as f:
         assert sio._is_direct(f)
+
+
+def test_read_tensors_matches_safe_open(tmp_path):
+    """Parallel positional reads into one buffer: odd sizes before wider dtypes, a tensor over several
+    read chunks, a subset in another order; each equal to what safetensors itself reads."""
+    g = torch.Generator().manual_seed(1)
+    tensors = [
+        (PlannedTensor("odd", "U8", (3,)), torch.tensor([1, 2, 3], dtype=torch.uint8)),
+        (PlannedTensor("f32", "F32", (2, 3)), torch.randn(2, 3, generator=g)),
+        (PlannedTensor("bf16", "BF16", (5,)), torch.randn(5, generator=g).to(torch.bfloat16)),
+        (PlannedTensor("big", "I8", (sio.READ_CHUNK * 2 + 7,)),
+         torch.randint(-128, 128, (sio.READ_CHUNK * 2 + 7,), dtype=torch.int8, generator=g)),
+        (PlannedTensor("empty", "F32", (0, 4)), torch.empty(0, 4)),
+    ]
+    path = tmp_path / "t.safetensors"
+    write_file(path, tensors)
+    names = ["big", "bf16", "odd", "f32", "empty"]
+    got = sio.read_tensors(path, names)
+    assert list(got) == names
+    with safe_open(path, "pt") as f:
+        for n in names:
+            want = f.get_tensor(n)
+            assert got[n].dtype == want.dtype and got[n].shape == want.shape and torch.equal(got[n], want), n
+
+
+def test_read_tensors_names_a_missing_tensor(tmp_path):
+    path = tmp_path / "t.safetensors"
+    write_file(path, _tensors(10))
+    with pytest.raises(sio.InputError, match=r"t\.safetensors: tensor 'nope' not found; the file and its index "
+                                             r"disagree, convert again"):
+        sio.read_tensors(path, ["big", "nope"])

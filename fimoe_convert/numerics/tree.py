@@ -81,7 +81,7 @@ def unflatten(node: dict, tensors: dict[str, torch.Tensor]):
     if t.dtype != dtype:
         t = t.view(dtype)
     if "stride" in node:
-        return t.as_strided(node["shape"], node["stride"], 0)
+        return t.as_strided(node["shape"], node["stride"], t.storage_offset())  # t may be a view into a shared buffer
     return t.reshape(node["shape"])
 
 
