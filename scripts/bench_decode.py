@@ -3,13 +3,18 @@
 
     python3 scripts/bench_decode.py --device cpu            # 1 and 8 matrices
     python3 scripts/bench_decode.py --device cuda           # 1 and 256 matrices, plus % of copy bandwidth
-    python3 scripts/bench_decode.py --device cuda --sweep   # also try other Triton block sizes
+    python3 scripts/bench_decode.py --device cuda --sweep   # also sweep both Triton kernels' knobs
 
 Checks `fimoe_convert.numerics.dequant_fp4_to_bf16` bit for bit against the seed formula (vLLM's
 `_dequant_fp4_ue8m0_gran32`, copied below) before timing; the seed is timed the way vLLM
-runs it, one expert matrix at a time. Greppable lines:
+runs it, one expert matrix at a time. The sweep times the default kernel ("groups") over
+block_groups x num_warps (x load_bytes) and the previous kernel ("words") over its old grid, each
+checked bit for bit against the default kernel's verified output. Greppable lines:
     [8 x 2048x4096] ratio ours/seed: 9.1x
     [256 x 2048x4096] ours: 3400 GB/s = 91% of copy
+    [256 x 2048x4096] sweep variant=groups block_groups=128 num_warps=4 load_bytes=4: 3700 GB/s = 89% of copy (bit-exact)
+    [256 x 2048x4096] sweep variant=words block_words=1024 num_warps=4: 1891 GB/s = 46% of copy (bit-exact)
+    [256 x 2048x4096] sweep best groups: ... / sweep best words: ...
 """
 
 from __future__ import annotations
@@ -117,17 +122,61 @@ def bench(n: int, device: str, repeat: int, sweep: bool) -> None:
     print(f"{tag} copy: {t_copy * 1e3:.2f} ms = {copy_bw:.0f} GB/s (device-to-device, {moved} bytes read + written)")
     print(f"{tag} ours: {moved / t_out / 1e9:.0f} GB/s = {100 * moved / t_out / 1e9 / copy_bw:.0f}% of copy")
     if sweep:
-        from fimoe_convert.numerics.fp4_triton import dequant_fp4_to_bf16_cuda
+        sweep_kernels(tag, packed, scales, out, moved, copy_bw, repeat)
 
-        for block_words in (256, 512, 1024, 2048, 4096):
-            for num_warps in (2, 4, 8):
-                if not 1 <= block_words // (32 * num_warps) <= 16:  # words per thread: keep registers sane
-                    continue
-                fn = lambda: dequant_fp4_to_bf16_cuda(packed, scales, out=out, block_words=block_words,  # noqa: E731
-                                                      num_warps=num_warps)
-                ts = timed({"k": fn}, device, repeat)["k"]
-                print(f"{tag} sweep block_words={block_words} num_warps={num_warps}: "
-                      f"{moved / ts / 1e9:.0f} GB/s = {100 * moved / ts / 1e9 / copy_bw:.0f}% of copy")
+
+def sweep_configs() -> list[dict]:
+    """Knob sets to time: the default kernel ("groups", 16 B of codes per program row) and the previous one
+    ("words", its old block_words x num_warps grid; block_words = 4 * block_groups)."""
+    configs = []
+    for block_groups in (64, 128, 256, 512, 1024):
+        for num_warps in (1, 2, 4, 8):
+            if 16 <= block_groups // num_warps <= 128:  # 16..128 values per thread: keep registers sane
+                configs.append(dict(variant="groups", block_groups=block_groups, num_warps=num_warps, load_bytes=4))
+    for block_groups, num_warps in ((128, 4), (256, 4), (256, 8), (512, 8)):  # 16 B code loads, for comparison
+        configs.append(dict(variant="groups", block_groups=block_groups, num_warps=num_warps, load_bytes=16))
+    for block_words in (256, 512, 1024, 2048, 4096):
+        for num_warps in (2, 4, 8):
+            if 1 <= block_words // (32 * num_warps) <= 16:  # words per thread, as before
+                configs.append(dict(variant="words", block_groups=block_words // 4, num_warps=num_warps))
+    return configs
+
+
+def sweep_label(cfg: dict) -> str:
+    if cfg["variant"] == "words":
+        return f"variant=words block_words={cfg['block_groups'] * 4} num_warps={cfg['num_warps']}"
+    return (f"variant=groups block_groups={cfg['block_groups']} num_warps={cfg['num_warps']} "
+            f"load_bytes={cfg['load_bytes']}")
+
+
+def sweep_kernels(tag: str, packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, moved: int,
+                  copy_bw: float, repeat: int) -> None:
+    """Time every sweep config into `out`, each checked against the default kernel's output (itself checked
+    against the seed). A config that fails to compile or run is reported and skipped."""
+    from fimoe_convert.numerics.fp4_triton import dequant_fp4_to_bf16_cuda
+
+    ref = dequant_fp4_to_bf16(packed, scales).view(torch.int16)
+    best: dict = {}
+    for cfg in sweep_configs():
+        label = sweep_label(cfg)
+        fn = lambda: dequant_fp4_to_bf16_cuda(packed, scales, out=out, **cfg)  # noqa: E731
+        try:
+            out.zero_()
+            fn()  # compiles; a failure here is a config problem, not a timing one
+            torch.cuda.synchronize()
+            exact = torch.equal(out.view(torch.int16), ref)
+            ts = timed({"k": fn}, "cuda", repeat)["k"]
+        except Exception as e:  # noqa: BLE001 - report and go on to the next config
+            msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+            print(f"{tag} sweep {label}: skipped ({type(e).__name__}: {msg})", flush=True)
+            continue
+        pct = 100 * moved / ts / 1e9 / copy_bw
+        print(f"{tag} sweep {label}: {moved / ts / 1e9:.0f} GB/s = {pct:.0f}% of copy "
+              f"({'bit-exact' if exact else 'NOT BIT-EXACT vs the default kernel'})", flush=True)
+        if exact and pct > best.get(cfg["variant"], (0.0, ""))[0]:
+            best[cfg["variant"]] = (pct, label)
+    for variant, (pct, label) in sorted(best.items()):
+        print(f"{tag} sweep best {variant}: {label}: {pct:.0f}% of copy")
 
 
 def main() -> None:
@@ -135,7 +184,8 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--experts", type=int, default=None, help="matrices per batch (default 8 on cpu, 256 on cuda)")
     ap.add_argument("--repeat", type=int, default=None, help="timed calls per measurement (default 5 cpu, 20 cuda)")
-    ap.add_argument("--sweep", action="store_true", help="cuda: also time other Triton block sizes / warp counts")
+    ap.add_argument("--sweep", action="store_true",
+                    help="cuda: also time both Triton kernels over block sizes / warp counts / load widths")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device")

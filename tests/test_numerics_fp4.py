@@ -303,19 +303,66 @@ def test_gpu_v4_flash_batch_matches_seed():
 @gpu
 @needs_cuda
 @pytest.mark.parametrize(
-    "shape, k, block_words",
+    "variant, block_groups, num_warps, load_bytes",
     [
-        ((1,), 32, 1024),  # 4 words: a single, mostly masked program
-        ((3, 5, 7), 96, 1024),  # odd leading shape, 3 groups per row
-        ((13,), 4096, 256),  # n_words not a multiple of the block
-        ((2, 3), 64, 64),
+        ("groups", 16, 4, 4),  # one scale byte per program: every scale byte runs both paths on its own
+        ("groups", None, 4, 4),  # the default
+        ("groups", 256, 8, 16),  # 16-byte code loads (layout conversion through shared memory)
+        ("groups", 64, 1, 4),
+        ("words", None, 4, 4),  # the previous kernel
     ],
 )
-def test_gpu_odd_shapes(shape, k, block_words):
+def test_gpu_every_scale_byte_per_variant(variant, block_groups, num_warps, load_bytes):
+    ft = _triton_or_skip()
+    packed, scales = all_combos()
+    got = ft.dequant_fp4_to_bf16_cuda(packed.cuda(), scales.cuda(), block_groups=block_groups, num_warps=num_warps,
+                                      variant=variant, load_bytes=load_bytes)
+    assert_bit_equal(got, seed_dequant(packed, scales))
+
+
+@gpu
+@needs_cuda
+def test_gpu_scale_byte_255_same_bits_as_previous_kernel():
+    """255 is outside the seed contract; both kernels give the documented recipe bits (inf, NaN 0x7FC0)."""
+    ft = _triton_or_skip()
+    packed, scales = all_combos(range(254, 256), device="cuda")  # 254 too: a program mixing both
+    new = ft.dequant_fp4_to_bf16_cuda(packed, scales)
+    old = ft.dequant_fp4_to_bf16_cuda(packed, scales, variant="words")
+    assert torch.equal(bits(new), bits(old))
+    assert {v & 0xFFFF for v in bits(new)[1].tolist()} == {0x7F80, 0x7FC0, 0xFF80, 0xFFC0}
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("variant", ["groups", "words"])
+@pytest.mark.parametrize(
+    "shape, k, block_groups",
+    [
+        ((1,), 32, 256),  # 1 group: a single, mostly masked program
+        ((3, 5, 7), 96, 256),  # odd leading shape, 3 groups per row
+        ((13,), 4096, 256),  # n_groups (1664) not a multiple of the block
+        ((1000,), 32, 128),  # K/2 = 16 bytes, many rows
+        ((2, 3), 64, 16),
+    ],
+)
+def test_gpu_odd_shapes(shape, k, block_groups, variant):
     ft = _triton_or_skip()
     packed, scales = random_fp4(shape, k, seed=k, device="cuda")
-    got = ft.dequant_fp4_to_bf16_cuda(packed, scales, block_words=block_words)
+    got = ft.dequant_fp4_to_bf16_cuda(packed, scales, block_groups=block_groups, variant=variant)
     assert_bit_equal(got, seed_dequant(packed.cpu(), scales.cpu()))
+
+
+@gpu
+@needs_cuda
+def test_gpu_rare_scale_bytes_in_some_programs():
+    """A few scale bytes 1 and 253..254 scattered over a batch: their programs take the exact path, the
+    rest the common one, with partial tiles at the end of the data."""
+    ft = _triton_or_skip()
+    packed, scales = random_fp4((3, 37), 512, seed=7, lo=110, hi=136)
+    scales[0, 0, 0], scales[1, 20, 7], scales[2, 36, 15] = 1, 253, 254
+    want = seed_dequant(packed, scales)
+    for block_groups in (16, 128, 1024):
+        assert_bit_equal(ft.dequant_fp4_to_bf16_cuda(packed.cuda(), scales.cuda(), block_groups=block_groups), want)
 
 
 @gpu
@@ -346,15 +393,30 @@ def test_gpu_empty():
 
 @gpu
 @needs_cuda
-def test_gpu_misaligned_codes_view():
+@pytest.mark.parametrize("variant", ["groups", "words"])
+def test_gpu_misaligned_codes_view(variant):
     """A codes view whose data pointer is not 4-byte aligned (not reachable with whole rows of K/2 bytes,
-    but a flat view can do it) is re-homed before being read as int32 words."""
+    but a flat view can do it): read byte by byte ("groups"), or re-homed before being read as int32 words."""
     ft = _triton_or_skip()
     flat = torch.randint(0, 256, (1 + 4 * 64,), dtype=torch.uint8, device="cuda")
     p = flat[1:].view(4, 64)
     s = torch.randint(1, 255, (4, 4), dtype=torch.uint8, device="cuda")
     assert p.data_ptr() % 4
-    assert_bit_equal(ft.dequant_fp4_to_bf16_cuda(p, s), seed_dequant(p.cpu(), s.cpu()))
+    assert_bit_equal(ft.dequant_fp4_to_bf16_cuda(p, s, variant=variant), seed_dequant(p.cpu(), s.cpu()))
+
+
+@gpu
+@needs_cuda
+def test_gpu_misaligned_out_view():
+    """An `out` starting mid-int32 is written through an aligned temporary; the bytes around it stay."""
+    ft = _triton_or_skip()
+    packed, scales = random_fp4((4,), 128, seed=2, device="cuda")
+    buf = torch.full((1 + 4 * 128 + 1,), 7.0, dtype=torch.bfloat16, device="cuda")
+    out = buf[1:-1].view(4, 128)
+    assert out.data_ptr() % 4
+    assert ft.dequant_fp4_to_bf16_cuda(packed, scales, out=out) is out
+    assert_bit_equal(out, seed_dequant(packed.cpu(), scales.cpu()))
+    assert buf[0].item() == 7.0 and buf[-1].item() == 7.0
 
 
 @gpu

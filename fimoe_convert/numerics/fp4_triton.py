@@ -1,9 +1,9 @@
 """Fused FP4 (E2M1) + E8M0 -> BF16 dequant for CUDA, in Triton.
 
-One read of the codes (as int32 words: 4 code bytes = 8 values), one read of the scale byte per 32
-values, one write of BF16; no float arithmetic. The BF16 bits come from integer exponent arithmetic
-that reproduces the seed formula (float32 E2M1 LUT with -0.0 for code 8, times `(s << 23)` viewed as
-float32, cast to BF16) bit for bit for every scale byte 0..254:
+One read of the codes, one read of the scale byte per 32 values, one write of BF16; no float
+arithmetic. The BF16 bits come from integer exponent arithmetic that reproduces the seed formula
+(float32 E2M1 LUT with -0.0 for code 8, times `(s << 23)` viewed as float32, cast to BF16) bit for bit
+for every scale byte 0..254. The recipe, per code c and scale byte s (`_bf16_bits`):
 
 - code c = sign(bit 3) | mag(bits 0..2); for mag >= 1 the product is an exact power-of-two multiple
   of 1 or 1.5, so its BF16 exponent field is E = s - 1 + (mag >> 1) and its mantissa is 0x40 for
@@ -15,6 +15,26 @@ float32, cast to BF16) bit for bit for every scale byte 0..254:
 - s == 255 (E8M0 NaN, rejected upstream as corrupt) gives inf for mag >= 1 and NaN 0x7FC0 for zeros;
   the seed's NaN bits there depend on the device, so 255 is not part of the bit-exact contract.
 
+The default kernel (`fp4_e8m0_to_bf16_groups_kernel`) turns one code byte into one int32 holding both
+of its BF16 values (low nibble in bits 0..15, which come first in memory), two values per integer op
+(SWAR). For s in {0} and 2..252 the recipe above reduces to (`_bf16x2_bits_common`):
+
+- u = byte * 0x01001001 puts the nibbles at bits 0..3 and 16..19 and their sign bits at 15 and 31;
+  m = u & 0x00070007 holds both magnitudes (zeroed for s == 0).
+- bits(m) = 64 m + 64 [m >= 2] + (g - 64) [m >= 1] with g = (s - 1) << 7: m == 1 (0.5) gives g,
+  m >= 2 gives g + 64 m = ((s - 1 + (m >> 1)) << 7) | ((m & 1) << 6), m == 0 gives 0.
+- 8 [m >= k] in each 16-bit lane is (m + (8 - k) * 0x00010001) & 0x00080008: m <= 7, so no carry
+  crosses a lane, and every lane stays below 0x8000 for s <= 252.
+
+A program whose scale bytes include 1 (subnormal result) or 253..255 (overflow, NaN) runs `_bf16_bits`
+itself instead: group scales of 2**-126 or 2**126..2**127 are far from trained weights', so that path is
+rare and kept small, not fast.
+
+`fp4_e8m0_to_bf16_words_kernel` is the previous kernel (`_bf16_bits` per value, int32 code words in),
+kept as variant "words" for comparison in `scripts/bench_decode.py --sweep`. Its sm_90 SASS has about 25
+integer instructions per value (1616 per 64); at the H200's integer throughput that alone takes about the
+3 ms it was measured at, so it is most likely integer-bound. The default kernel's common path has about 9.
+
 Only this module imports Triton, and `fp4.py` imports this module for CUDA inputs only, so the package
 imports (and the CPU path runs) without Triton; `triton_available()` says whether the kernel exists.
 """
@@ -23,9 +43,14 @@ from __future__ import annotations
 
 import torch
 
-FP4_GROUP = 32
-BLOCK_WORDS = 1024  # int32 code words per program: 4 KiB of codes in, 16 KiB of BF16 out
+FP4_GROUP = 32  # values per E8M0 scale byte
+GROUP_BYTES = FP4_GROUP // 2  # code bytes per scale byte
+BLOCK_GROUPS = 128  # scale groups per program ("groups"): 2 KiB of codes in, 8 KiB of BF16 out
 NUM_WARPS = 4
+LOAD_BYTES = 4  # code bytes per thread per load ("groups"): see the kernel
+EXACT_GROUPS = 32  # scale groups per step of the rare exact path
+WORDS_BLOCK_GROUPS = 256  # "words" default: 1024 int32 code words per program, as before
+VARIANTS = ("groups", "words")
 
 try:  # only this module needs Triton; fp4.py imports it on CUDA inputs only
     import triton
@@ -53,8 +78,54 @@ if triton is not None:
         bits = tl.where(s == 255, tl.where(mag == 0, 0x7FC0, 0x7F80), bits)  # corrupt scale: NaN / inf
         return bits | ((code & 8) << 12)
 
+    @triton.jit
+    def _bf16x2_bits_common(b, s):
+        """Both BF16 values of code bytes `b` (int32 0..255) at scale bytes `s` (int32, 0 or 2..252) as one
+        int32, low nibble's value in bits 0..15 (module docstring); equals `_bf16_bits` on each nibble."""
+        u = b * 0x01001001
+        m = u & tl.where(s == 0, 0, 0x00070007)
+        ge1 = (m + 0x00070007) & 0x00080008
+        ge2 = (m + 0x00060006) & 0x00080008
+        bits = m * 64 + ge2 * 8 + ge1 * (s * 16 - 24)  # 8 (s * 16 - 24) = g - 64
+        return bits | (u & -0x7FFF8000)  # -0x7FFF8000 is 0x80008000 as int32: both sign bits
+
+    @triton.jit
+    def fp4_e8m0_to_bf16_groups_kernel(
+        codes_ptr,  # uint8 [n_groups * 16]: two E2M1 codes per byte, low nibble first
+        scales_ptr,  # uint8 [n_groups]: one E8M0 byte per 16 code bytes
+        out_ptr,  # int32 [n_groups * 16]: code byte i -> BF16 of values 2i (bits 0..15) and 2i+1
+        n_groups,
+        BLOCK_GROUPS: tl.constexpr,
+        LOAD_BYTES: tl.constexpr,
+        EXACT_GROUPS: tl.constexpr,
+    ):
+        start = tl.program_id(0).to(tl.int64) * BLOCK_GROUPS  # int64: 256 experts x 8M values overflow int32
+        codes_ptr += start * 16
+        scales_ptr += start
+        out_ptr += start * 16
+        n_rows = tl.minimum(n_groups - start, BLOCK_GROUPS).to(tl.int32)  # < BLOCK_GROUPS in the last program
+        rows = tl.arange(0, BLOCK_GROUPS)
+        in_range = rows < n_rows
+        # Claiming only LOAD_BYTES contiguous code bytes gives the load the store's layout (4 code bytes ->
+        # one 16 B store of 4 words per thread); 16 would add a shared-memory layout conversion of the output.
+        offs = tl.max_contiguous(rows[:, None] * 16 + tl.arange(0, 16)[None, :], [1, LOAD_BYTES])
+        b = tl.load(codes_ptr + offs, mask=in_range[:, None], other=0).to(tl.int32)  # uint8: zero-extended
+        s = tl.load(scales_ptr + rows, mask=in_range, other=0).to(tl.int32)
+        if tl.max(tl.where(s == 1, 255, s), axis=0) < 253:
+            tl.store(out_ptr + offs, _bf16x2_bits_common(b, s[:, None]), mask=in_range[:, None])
+        else:
+            # Scale byte 1 or >= 253 in this program: the recipe per nibble, EXACT_GROUPS rows at a time so
+            # its many temporaries do not raise the register count (and cut the occupancy) of the common path.
+            for first in range(0, BLOCK_GROUPS, EXACT_GROUPS):
+                r = first + tl.arange(0, EXACT_GROUPS)
+                ok = r < n_rows
+                o = r[:, None] * 16 + tl.arange(0, 16)[None, :]
+                c = tl.load(codes_ptr + o, mask=ok[:, None], other=0).to(tl.int32)
+                sr = tl.load(scales_ptr + r, mask=ok, other=0).to(tl.int32)[:, None]
+                tl.store(out_ptr + o, _bf16_bits(c & 15, sr) | (_bf16_bits(c >> 4, sr) << 16), mask=ok[:, None])
+
     @triton.jit(do_not_specialize=["one"])
-    def fp4_e8m0_to_bf16_kernel(
+    def fp4_e8m0_to_bf16_words_kernel(
         words_ptr,  # int32 [n_words]: code bytes, 4 per word, little-endian (byte i of the row = bits 8i..8i+7)
         scales_ptr,  # uint8 [n_words // 4]: one scale byte per 16 code bytes = 4 words
         out_ptr,  # int16 [n_words * 8]: BF16 bits
@@ -81,13 +152,38 @@ if triton is not None:
         tl.store(out_ptr + offs, bits.to(tl.int16), mask=in_range[:, None])
 
 
+def _launch(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, *, block_groups: int, num_warps: int,
+            variant: str, load_bytes: int) -> None:
+    """Run one kernel on flat contiguous uint8 codes [n_groups * 16], uint8 scales [n_groups] and a flat
+    contiguous BF16 `out` [n_groups * 32] starting on a 4-byte boundary. No checks and no device guard:
+    the caller's job. Tensors on the CPU work under TRITON_INTERPRET=1."""
+    n_groups = sb.numel()
+    if variant == "groups":
+        grid = (triton.cdiv(n_groups, block_groups),)
+        fp4_e8m0_to_bf16_groups_kernel[grid](codes, sb, out.view(torch.int32), n_groups, BLOCK_GROUPS=block_groups,
+                                             LOAD_BYTES=load_bytes, EXACT_GROUPS=min(block_groups, EXACT_GROUPS),
+                                             num_warps=num_warps)
+        return
+    if codes.data_ptr() % 4:  # a view starting mid-word: re-home it so it reads as int32
+        codes = codes.clone()
+    words = codes.view(torch.int32)  # groups are 4 whole words
+    block_words = block_groups * (GROUP_BYTES // 4)
+    grid = (triton.cdiv(words.numel(), block_words),)
+    fp4_e8m0_to_bf16_words_kernel[grid](words, sb, out.view(torch.int16), words.numel(), 1, BLOCK=block_words,
+                                        num_warps=num_warps)
+
+
 def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None,
-                             block_words: int = BLOCK_WORDS, num_warps: int = NUM_WARPS) -> torch.Tensor:
+                             block_groups: int | None = None, num_warps: int = NUM_WARPS, variant: str = "groups",
+                             load_bytes: int = LOAD_BYTES) -> torch.Tensor:
     """[..., K/2] int8/uint8 codes and [..., K/32] uint8 (or float8_e8m0fnu) scales on one CUDA device
     -> BF16 [..., K], bit-identical to the seed formula for scale bytes 0..254.
 
     Non-contiguous inputs are made contiguous first (one extra copy). `out`, if given, must be a
-    contiguous BF16 tensor of the result's shape on the same device."""
+    contiguous BF16 tensor of the result's shape on the same device. Tuning knobs: `block_groups`
+    (scale groups of 16 code bytes per program, a power of two; default BLOCK_GROUPS, or
+    WORDS_BLOCK_GROUPS for the old kernel), `num_warps`, `variant` ("groups", or "words" for the old
+    kernel) and `load_bytes` (contiguous code bytes per thread load, "groups" only)."""
     if packed.dtype not in (torch.int8, torch.uint8):
         raise TypeError(f"FP4 codes must be int8 or uint8, got {packed.dtype}")
     if scales.dtype in (torch.float8_e8m0fnu, torch.int8):
@@ -102,8 +198,14 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
                          f"expected scales [..., K/{FP4_GROUP}] for codes [..., K/2]")
     if packed.device.type != "cuda" or scales.device != packed.device:
         raise ValueError(f"codes ({packed.device}) and scales ({scales.device}) must be on one CUDA device")
-    if block_words <= 0 or block_words & (block_words - 1):
-        raise ValueError(f"block_words must be a power of two, got {block_words}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if block_groups is None:
+        block_groups = BLOCK_GROUPS if variant == "groups" else WORDS_BLOCK_GROUPS
+    if block_groups <= 0 or block_groups & (block_groups - 1):
+        raise ValueError(f"block_groups must be a power of two, got {block_groups}")
+    if load_bytes not in (1, 2, 4, 8, 16):
+        raise ValueError(f"load_bytes must be 1, 2, 4, 8 or 16, got {load_bytes}")
     shape = (*packed.shape[:-1], k_half * 2)
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16, device=packed.device)
@@ -114,14 +216,12 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
     if out.numel() == 0:
         return out
     codes = packed.view(torch.uint8).contiguous().reshape(-1)
-    if codes.data_ptr() % 4:  # a view starting mid-word: re-home it so it reads as int32
-        codes = codes.clone()
-    words = codes.view(torch.int32)  # K/2 is a multiple of 16, so rows are whole words and groups are 4 words
     sb = scales.contiguous().reshape(-1)
-    n_words = words.numel()
-    grid = (-(-n_words // block_words),)
+    flat = out.reshape(-1)
+    dst = flat if flat.data_ptr() % 4 == 0 else torch.empty_like(flat)  # the kernels write whole int32 words
     with torch.cuda.device(packed.device):
-        fp4_e8m0_to_bf16_kernel[grid](words, sb, out.view(torch.int16), n_words, 1, BLOCK=block_words,
-                                      num_warps=num_warps)
+        _launch(codes, sb, dst, block_groups=block_groups, num_warps=num_warps, variant=variant,
+                load_bytes=load_bytes)
+    if dst is not flat:
+        flat.copy_(dst)
     return out
-
