@@ -22,3 +22,19 @@ def test_cuda_output_equals_cpu_output(tmp_path, target):
     convert(str(src), str(a), target, device="cpu", arch="9.0", ep_size=2, shard_size="1MB")
     convert(str(src), str(b), target, device="cuda", arch="9.0", ep_size=2, shard_size="1MB")
     assert folder(a) == folder(b)
+
+
+def test_runtime_load_to_cuda_equals_cpu(tmp_path):
+    """The runtime's parallel read into pinned memory, then one copy to the GPU: same objects as on CPU."""
+    pytest.importorskip("flashinfer.megamoe")
+    from fimoe_convert.numerics.tree import same_object
+    from fimoe_convert.runtime import load_megamoe_weights
+
+    src = make_checkpoint(tmp_path / "src", "tiny")
+    out = tmp_path / "out"
+    convert(str(src), str(out), "megamoe_sm90_mxfp4", device="cuda", arch="9.0", ep_size=2, shard_size="1MB")
+    for layer in ("layers.0", "mtp.0"):
+        for rank in (0, 1):
+            got = load_megamoe_weights(out, layer, rank, "cuda")
+            assert all(t.device.type == "cuda" for t in got)
+            assert same_object(got, load_megamoe_weights(out, layer, rank, "cpu"))

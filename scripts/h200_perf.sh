@@ -1,0 +1,38 @@
+#!/bin/bash
+# Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
+# (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
+# Steps (default: all): gpu-tests decode convert-bf16 convert-bf16-big convert-megamoe memory.
+# Everything printed also goes to $OUT/log.txt.
+set -o pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+L=$OUT/log.txt
+mkdir -p "$OUT"
+S=/tmp/fisite
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv;
+  echo "cores $(nproc)"; grep -m1 'model name' /proc/cpuinfo; free -g | head -2; df -h /tmp | tail -1;
+  python3 -c 'import torch,sys,triton;print(sys.version.split()[0],"torch",torch.__version__,"cuda",torch.version.cuda,"triton",triton.__version__)';
+  git log --oneline -1; } 2>&1 | tee "$L"
+if [ -d .fi-bundle ]; then
+  rm -rf $S && mkdir -p $S && tar xzf .fi-bundle/flashinfer-megamoe.tgz -C $S && rm -rf $S/tvm_ffi &&
+  python3 -m pip install -q --no-index --no-deps --target $S .fi-bundle/apache_tvm_ffi-*.whl 2>&1 | tee -a "$L"
+  export FI_SITE=$S PYTHONPATH=$PWD/.fi-bundle/stub:$S:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T) loadavg $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$L"
+      local s=$(date +%s.%N); timeout -k 5 "$t" "$@" 2>&1 | tee -a "$L"; local rc=$?
+      echo "rc=$rc wall $(python3 -c "print(round($(date +%s.%N)-$s,1))") s" | tee -a "$L"; }
+steps=${*:-gpu-tests decode convert-bf16 convert-bf16-big convert-megamoe memory}
+for step in $steps; do
+  case $step in
+    gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics_fp4.py tests/test_gpu_convert.py ;;
+    decode) r 200 python3 scripts/bench_decode.py --device cuda --sweep ;;
+    convert-bf16) r 120 python3 scripts/bench_convert.py --target bf16 --device cuda ;;
+    convert-bf16-big) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 ;;
+    convert-megamoe) r 120 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
+    memory) r 150 python3 scripts/bench_memory.py --device cuda ;;
+    *) echo "unknown step $step" | tee -a "$L" ;;
+  esac
+done
+date -u | tee -a "$L"
