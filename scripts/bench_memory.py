@@ -29,7 +29,7 @@ def main() -> None:
         src = make_checkpoint(work / f"src{layers}", "flash-geometry", layers=layers, experts=args.experts)
         for mem in ("8GiB", "2GiB"):
             out = work / f"out{layers}-{mem}"
-            wall, rss = run_convert(src, out, args.target, args.device, mem)
+            wall, rss, _ = run_convert(src, out, args.target, args.device, mem)
             peaks[(layers, mem)] = rss
             print(f"{layers} layers, --max-memory {mem}: peak RSS {rss / 2**30:.2f} GiB ({wall:.1f} s)")
             shutil.rmtree(out)

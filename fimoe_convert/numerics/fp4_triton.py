@@ -45,8 +45,8 @@ import torch
 
 FP4_GROUP = 32  # values per E8M0 scale byte
 GROUP_BYTES = FP4_GROUP // 2  # code bytes per scale byte
-BLOCK_GROUPS = 128  # scale groups per program ("groups"): 2 KiB of codes in, 8 KiB of BF16 out
-NUM_WARPS = 4
+BLOCK_GROUPS = 64  # scale groups per program ("groups"): 1 KiB of codes in, 4 KiB of BF16 out
+NUM_WARPS = 2  # with BLOCK_GROUPS 64: 92% of copy on the H200, best of the sweep (docs/PERFORMANCE.md)
 LOAD_BYTES = 4  # code bytes per thread per load ("groups"): see the kernel
 EXACT_GROUPS = 32  # scale groups per step of the rare exact path
 WORDS_BLOCK_GROUPS = 256  # "words" default: 1024 int32 code words per program, as before
