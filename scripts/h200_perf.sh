@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
 # (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
-# Steps (default: all): gpu-tests decode convert-bf16 convert-bf16-big convert-megamoe memory.
+# Steps (default: the first six): gpu-tests decode convert-bf16 convert-bf16-big convert-megamoe memory;
+# diagnostics: diag startup profile (py-spy, carry [".fi-bundle", ".carry-tools"]).
 # Everything printed also goes to $OUT/log.txt.
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,6 +33,14 @@ for step in $steps; do
     convert-bf16-big) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 ;;
     convert-megamoe) r 120 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
     memory) r 150 python3 scripts/bench_memory.py --device cuda ;;
+    diag) r 120 python3 scripts/diag_cuda_unit.py ;;
+    startup) r 60 python3 -c 'import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.zeros(1, device="cuda"); b=time.perf_counter(); import fimoe_convert.cli; c=time.perf_counter(); import flashinfer.megamoe; d=time.perf_counter(); print(f"import torch {a-t:.2f} s, CUDA context {b-a:.2f} s, import fimoe_convert.cli {c-b:.2f} s, import flashinfer.megamoe {d-c:.2f} s")' ;;
+    profile)  # py-spy (carried in .carry-tools/) over one bf16 and one megamoe conversion, every thread
+      python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .carry-tools/py_spy-*.whl
+      python3 -c "from fimoe_convert.testing import make_checkpoint; make_checkpoint('/tmp/flash', 'flash-geometry', layers=4)"
+      for t in bf16 megamoe_sm90_mxfp4; do rm -rf /tmp/fo
+        r 120 /tmp/pyspy/bin/py-spy record -r 200 -t --idle -f raw -o "$OUT/prof-$t.txt" -- python3 -m fimoe_convert /tmp/flash /tmp/fo --target $t --device cuda --json
+      done ;;
     *) echo "unknown step $step" | tee -a "$L" ;;
   esac
 done
