@@ -83,11 +83,13 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an earlier conversion in OUT.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, sizes and free disk; write nothing.")
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
+@click.option("--writers", type=int, default=None,
+              help="Output shards written (and hashed) at once; default: from the cores and --max-memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, params, resume,
-                overwrite, dry_run, offline, as_json, verbose, quiet):
+                overwrite, dry_run, offline, writers, as_json, verbose, quiet):
     """Convert the checkpoint SRC into OUT."""
     bar = None
     bad = [p for p in params if "=" not in p]
@@ -112,7 +114,8 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
     try:
         res = _run(convert, src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
                    max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
-                   overwrite=overwrite, dry_run=dry_run, offline=offline, progress=progress, command=command)
+                   overwrite=overwrite, dry_run=dry_run, offline=offline, writers=writers, progress=progress,
+                   command=command)
     finally:
         if bar is not None:
             bar.close()

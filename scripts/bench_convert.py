@@ -4,6 +4,7 @@ The floor: read every source file once, then write the same number of output byt
 and fsync them. Prints `ratio convert/floor: X.XXx` (goal <= 1.25) and peak RSS of the conversion.
 
 usage: python3 scripts/bench_convert.py [--target bf16] [--device cpu|cuda] [--work DIR] [--layers N]
+       [--max-memory 8GiB] [--shard-size 5GB]
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def floor_seconds(src: Path, out_bytes: int, scratch: Path, direct: bool = False
     return t2 - t0, t1 - t0, t2 - t1
 
 
-def run_convert(src: Path, out: Path, target: str, device: str, max_memory: str) -> tuple[float, int, dict]:
+def run_convert(src: Path, out: Path, target: str, device: str, max_memory: str,
+                extra: tuple[str, ...] = ()) -> tuple[float, int, dict]:
     """Wall time, peak RSS (bytes) and the converter's own stage timings of one CLI conversion in a child."""
     cmd = [sys.executable, "-m", "fimoe_convert", str(src), str(out), "--target", target, "--device", device,
-           "--max-memory", max_memory, "--json"]
+           "--max-memory", max_memory, "--json", *extra]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     stdout = proc.stdout.read()
@@ -69,6 +71,7 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/fimoe-bench")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--max-memory", default="8GiB")
+    ap.add_argument("--shard-size", default="5GB", help="as the CLI's; more shards let more writers run at once")
     args = ap.parse_args()
     from fimoe_convert.testing import make_checkpoint
 
@@ -78,14 +81,14 @@ def main() -> None:
     out = work / "out"
     # Warm the page cache equally for both measurements: each reads the source once before timing.
     floor_seconds(src, 0, work / "warm")
-    wall, rss, res = run_convert(src, out, args.target, args.device, args.max_memory)
+    wall, rss, res = run_convert(src, out, args.target, args.device, args.max_memory, ("--shard-size", args.shard_size))
     out_bytes = sum(p.stat().st_size for p in out.iterdir())
     in_bytes = sum(p.stat().st_size for p in src.iterdir())
     shutil.rmtree(out)
     floor, read_s, write_s = floor_seconds(src, out_bytes, work / "floor")
     dfloor, dread_s, dwrite_s = floor_seconds(src, out_bytes, work / "floor", direct=True)
     print(f"fixture: flash-geometry, {args.layers} layers + 1 MTP; read {in_bytes / 1e9:.2f} GB, "
-          f"write {out_bytes / 1e9:.2f} GB; target {args.target} on {args.device}")
+          f"write {out_bytes / 1e9:.2f} GB in {res['shards']} shards; target {args.target} on {args.device}")
     print(f"floor: {floor:.2f} s (read {read_s:.2f} s, write+fsync {write_s:.2f} s)")
     print(f"floor with O_DIRECT writes: {dfloor:.2f} s (read {dread_s:.2f} s, write+fsync {dwrite_s:.2f} s)")
     print(f"convert: {wall:.2f} s, peak RSS {rss / 2**30:.2f} GiB; in-process {res['seconds']:.2f} s, the rest is "

@@ -1,62 +1,99 @@
-"""Where the CUDA converter's time goes, one step at a time, on the fixture bench_convert uses: for every
-bf16 unit of a flash-geometry checkpoint, time (a) pinned reads of its inputs, (b) the target's run, and
-inside it (c) pinned output allocation alone. Prints milliseconds per unit.
+"""Where the CUDA converter's time goes, step by step, at V4-Flash expert geometry (run on the lent H200).
 
-usage: python3 scripts/diag_cuda_unit.py [--layers 2]
+Times, after a warm-up (Triton compile, allocator pools), medians over --repeat rounds:
+  pinned alloc of one 2048x4096 BF16 output; H2D of one FP4 matrix from pinned memory; the decode kernel;
+  D2H of one BF16 matrix into pinned memory; one bf16 unit (3 matrices) through Bf16Target.run plus a
+  sync; the same while another thread copies host memory like the writer does; host memcpy bandwidth
+  (pinned -> page-aligned staging block, as the writer copies); sha256 bandwidth.
+
+usage: python3 scripts/diag_cuda_unit.py [--repeat 30]
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import hashlib
+import mmap
+import statistics
+import threading
 import time
-from pathlib import Path
 
+import numpy as np
 import torch
+
+ROWS, K = 2048, 4096  # one V4-Flash w1/w3 matrix
+
+
+def median_ms(fn, repeat: int, sync: bool = True) -> float:
+    ts = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--work", default="/tmp/fimoe-diag")
+    ap.add_argument("--repeat", type=int, default=30)
     args = ap.parse_args()
-    from fimoe_convert.source import open_source
-    from fimoe_convert.targets import TargetOptions, get_target
-    from fimoe_convert.testing import make_checkpoint
+    from fimoe_convert.numerics import dequant_fp4_to_bf16
+    from fimoe_convert.plan import OutTensor, Unit
+    from fimoe_convert.targets import get_target
 
-    work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    src = make_checkpoint(work / "src", "flash-geometry", layers=args.layers)
-    source = open_source(str(src))
+    n = args.repeat
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 256, (ROWS, K // 2), dtype=torch.uint8, generator=g).pin_memory()
+    scales = torch.randint(120, 135, (ROWS, K // 32), dtype=torch.uint8, generator=g).pin_memory()
+    dcodes, dscales = codes.cuda(), scales.cuda()
+    y = dequant_fp4_to_bf16(dcodes, dscales)
+    host = torch.empty_like(y, device="cpu").pin_memory()
+    mb = y.numel() * 2 / 1e6
+    print(f"one matrix: {codes.numel() / 1e6:.1f} MB of codes in, {mb:.1f} MB of BF16 out")
+    print(f"pinned alloc {mb:.1f} MB (cache warm): {median_ms(lambda: torch.empty(y.shape, dtype=y.dtype, pin_memory=True), n, False):.3f} ms")
+    print(f"H2D codes from pinned: {median_ms(lambda: dcodes.copy_(codes, non_blocking=True), n):.3f} ms")
+    print(f"decode kernel: {median_ms(lambda: dequant_fp4_to_bf16(dcodes, dscales, out=y), n):.3f} ms")
+    print(f"D2H BF16 into pinned: {median_ms(lambda: host.copy_(y, non_blocking=True), n):.3f} ms")
+
     tgt = get_target("bf16")
-    units = tgt.units(source.model, TargetOptions(device="cuda", arch=(9, 0)))
-    torch.cuda.init()
-    steps = {"read pinned": 0.0, "run": 0.0, "sync": 0.0, "pinned alloc 3x16.8MB": 0.0, "run, no D2H": 0.0}
-    keep = []
-    for u in units:
-        t0 = time.perf_counter()
-        inputs = {n: source.read(n, pin=True) for n in u.inputs}
-        t1 = time.perf_counter()
-        out = tgt.run(u, inputs, "cuda")
-        t2 = time.perf_counter()
-        torch.cuda.current_stream().synchronize()
-        t3 = time.perf_counter()
-        bufs = [torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for v in out.values()]
-        t4 = time.perf_counter()
-        for w in (n for n in u.inputs if n.endswith(".weight")):
-            from fimoe_convert.numerics import dequant_fp4_to_bf16
-            dequant_fp4_to_bf16(inputs[w].to("cuda", non_blocking=True),
-                                inputs[w.replace(".weight", ".scale")].to("cuda", non_blocking=True))
-        torch.cuda.current_stream().synchronize()
-        t5 = time.perf_counter()
-        keep = (keep + [out, bufs])[-16:]  # hold a few, like the writer's queue does
-        for k, dt in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-            steps[k] += dt
-    n = len(units)
-    print(f"{n} units (one expert: 3 matrices of 2048x4096)")
-    for k, v in steps.items():
-        print(f"{k}: {1e3 * v / n:.2f} ms per unit, {v:.2f} s in all")
-    shutil.rmtree(work, ignore_errors=True)
+    names = [f"e.{leg}" for leg in ("w1", "w2", "w3")]
+    unit = Unit("e", "b", 0, (0, 1), tuple(f"{m}.{k}" for m in names for k in ("weight", "scale")),
+                tuple(OutTensor(f"{m}.weight", "BF16", (ROWS, K), "e", None) for m in names), {"fp8_block": None})
+    inputs = {}
+    for m in names:
+        inputs[f"{m}.weight"], inputs[f"{m}.scale"] = codes.view(torch.int8), scales.view(torch.float8_e8m0fnu)
+    held = []
+
+    def run():
+        held.append(tgt.run(unit, inputs, "cuda"))
+        del held[:-8]  # like the writer's queue: a few units wait to be written
+
+    print(f"bf16 unit (3 matrices), run + sync: {median_ms(run, n):.3f} ms")
+    stop = threading.Event()
+    src = np.ones(64 << 20, np.uint8)
+    blk = np.frombuffer(mmap.mmap(-1, 64 << 20), np.uint8)
+
+    def copier():
+        while not stop.is_set():
+            blk[:] = src
+
+    t = threading.Thread(target=copier, daemon=True)
+    t.start()
+    print(f"bf16 unit, run + sync, while another thread copies 64 MiB blocks: {median_ms(run, n):.3f} ms")
+    stop.set()
+    t.join()
+    pinned = torch.empty(64 << 20, dtype=torch.uint8).pin_memory().numpy()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        blk[:] = pinned
+    print(f"host copy pinned -> staging block: {n * 64 * 2**20 / (time.perf_counter() - t0) / 1e9:.1f} GB/s")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        hashlib.sha256(blk).digest()
+    print(f"sha256: {n * 64 * 2**20 / (time.perf_counter() - t0) / 1e9:.2f} GB/s")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
 # (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
-# Steps (default: the first six): gpu-tests decode convert-bf16 convert-bf16-big convert-megamoe memory;
+# Steps (default: the first eight): gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big
+# convert-megamoe convert-megamoe-big memory;
 # diagnostics: diag startup profile (py-spy, carry [".fi-bundle", ".carry-tools"]).
 # Everything printed also goes to $OUT/log.txt.
 set -o pipefail
@@ -24,14 +25,16 @@ fi
 r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T) loadavg $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$L"
       local s=$(date +%s.%N); timeout -k 5 "$t" "$@" 2>&1 | tee -a "$L"; local rc=$?
       echo "rc=$rc wall $(python3 -c "print(round($(date +%s.%N)-$s,1))") s" | tee -a "$L"; }
-steps=${*:-gpu-tests decode convert-bf16 convert-bf16-big convert-megamoe memory}
+steps=${*:-gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big convert-megamoe convert-megamoe-big memory}
 for step in $steps; do
   case $step in
     gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics_fp4.py tests/test_gpu_convert.py ;;
     decode) r 200 python3 scripts/bench_decode.py --device cuda --sweep ;;
     convert-bf16) r 120 python3 scripts/bench_convert.py --target bf16 --device cuda ;;
     convert-bf16-big) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 ;;
+    convert-bf16-shards) r 150 python3 scripts/bench_convert.py --target bf16 --device cuda --shard-size 1GB ;;
     convert-megamoe) r 120 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
+    convert-megamoe-big) r 200 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 12 --shard-size 1GB ;;
     memory) r 150 python3 scripts/bench_memory.py --device cuda ;;
     diag) r 120 python3 scripts/diag_cuda_unit.py ;;
     startup) r 60 python3 -c 'import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.zeros(1, device="cuda"); b=time.perf_counter(); import fimoe_convert.cli; c=time.perf_counter(); import flashinfer.megamoe; d=time.perf_counter(); print(f"import torch {a-t:.2f} s, CUDA context {b-a:.2f} s, import fimoe_convert.cli {c-b:.2f} s, import flashinfer.megamoe {d-c:.2f} s")' ;;
@@ -39,7 +42,7 @@ for step in $steps; do
       python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .carry-tools/py_spy-*.whl
       python3 -c "from fimoe_convert.testing import make_checkpoint; make_checkpoint('/tmp/flash', 'flash-geometry', layers=4)"
       for t in bf16 megamoe_sm90_mxfp4; do rm -rf /tmp/fo
-        r 120 /tmp/pyspy/bin/py-spy record -r 200 -t --idle -f raw -o "$OUT/prof-$t.txt" -- python3 -m fimoe_convert /tmp/flash /tmp/fo --target $t --device cuda --json
+        r 120 /tmp/pyspy/bin/py-spy record --nonblocking -r 100 -t --idle -f raw -o "$OUT/prof-$t.txt" -- python3 -m fimoe_convert /tmp/flash /tmp/fo --target $t --device cuda --json
       done ;;
     *) echo "unknown step $step" | tee -a "$L" ;;
   esac

@@ -114,6 +114,20 @@ def test_two_runs_are_byte_identical(tiny_ckpt, bf16_out, tmp_path):
     assert folder_bytes(out) == folder_bytes(bf16_out)
 
 
+@pytest.mark.parametrize("writers", [2, 3, 7])
+def test_any_number_of_writers_gives_the_same_folder(tiny_ckpt, bf16_out, tmp_path, writers):
+    """Shards written at once in lanes (each unit split between lanes is converted in each): same bytes."""
+    out = tmp_path / "lanes"
+    convert(str(tiny_ckpt), str(out), "bf16", shard_size="3MB", writers=writers)
+    assert folder_bytes(out) == folder_bytes(bf16_out)
+
+
+def test_writers_must_be_positive(tiny_ckpt, tmp_path):
+    with pytest.raises(UsageError, match=r"^--writers 0: expected 1 or more shards written at once \(or leave it out: "
+                                         r"auto\)$"):
+        convert(str(tiny_ckpt), str(tmp_path / "o"), "bf16", writers=0)
+
+
 class _Interrupt(KeyboardInterrupt):
     pass
 

@@ -325,6 +325,29 @@ def test_disk_full(tiny_ckpt, tmp_path, monkeypatch, victim, skip, budget, named
     assert tree_hash(tiny_ckpt) == before
 
 
+def test_disk_full_in_one_of_three_writers(tiny_ckpt, tmp_path, monkeypatch):
+    """--writers 3: ENOSPC in one lane stops all three; nothing complete-looking and no temporary file is
+    left; --resume with one writer then completes a folder that verifies."""
+    state = {"left": 1_500_000, "failed": False}
+    real_open = open
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        name = Path(path).name
+        return _FullDisk(f, state) if "w" in mode and name.endswith(sio.TMP_SUFFIX) and name.startswith("model-") else f
+
+    monkeypatch.setattr(sio, "open", fake_open, raising=False)
+    out = tmp_path / "out"
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--writers", "3", "-q")
+    assert state["failed"]
+    assert_refused(r, out, rf"^error: {re.escape(str(out))}/model-\d{{5}}-of-\d{{5}}\.safetensors: cannot write "
+                           r"\(the disk is full\)")
+    monkeypatch.undo()
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "--writers", "1", "-q")
+    assert r.exit_code == 0, r.output
+    assert cli("verify", out).exit_code == 0
+
+
 def test_disk_full_on_a_real_tmpfs(tmp_path):
     """A real ENOSPC from the kernel: OUT on a small tmpfs (private mount namespace) that fills up mid-run."""
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "crash_resume.py"), "--enospc-tmpfs",
@@ -349,7 +372,8 @@ def test_incomplete_hub_snapshot(tiny_ckpt, tmp_path):
     assert tree_hash(cache) == before and not out.exists()
 
 
-def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypatch):
+@pytest.mark.parametrize("writers", ["1", "3"])
+def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypatch, writers):
     """KeyboardInterrupt raised from the progress callback, through the CLI: exit 130, one line, resumable."""
     real = cli_mod.convert
 
@@ -365,7 +389,7 @@ def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypat
 
     monkeypatch.setattr(cli_mod, "convert", interrupted)
     out = tmp_path / "out"
-    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "-q")
+    r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--writers", writers, "-q")
     assert r.exit_code == 130 and r.stderr == INTERRUPTED + "\n", (r.output, r.exception)
     assert_not_complete(out)
     assert "written" in json.loads((out / MANIFEST).read_text())["status"].values()
