@@ -353,12 +353,20 @@ def _drain(q: _Queue) -> Iterator:
         yield item
 
 
-def _lane_count(writers: int | None, shards: int, memory_bytes: int) -> int:
+def _lane_budget(memory_bytes: int, biggest_unit: int) -> int:
+    """Bytes one lane holds between reading and writing: two units (inputs and outputs) or READ_AHEAD_MAX,
+    so that reading, converting and writing overlap, within a quarter of --max-memory (the rest: write
+    buffers, the unit being converted, pinned and allocator caches)."""
+    return max(min(memory_bytes // 4, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK)
+
+
+def _lane_count(writers: int | None, shards: int, memory_bytes: int, lane_budget: int) -> int:
     """Shards written at once. Each lane hashes its own shard, and one sha256 runs at 1.2 to 1.8 GB/s on
-    the machines measured, below a fast disk; auto: a lane per 4 cores, at most 4, each with its write
-    buffers and share of the budget inside a quarter of --max-memory."""
+    the machines measured, below a fast disk; auto: a lane per 4 cores, at most 4, as many as fit their
+    budgets and write buffers into a quarter of --max-memory."""
     if writers is None:
-        writers = min(4, max(1, (os.cpu_count() or 1) // 4), max(1, memory_bytes // (4 * STAGE_BLOCKS * IO_BLOCK)))
+        fits = memory_bytes // 4 // (lane_budget + STAGE_BLOCKS * IO_BLOCK)
+        writers = min(4, max(1, (os.cpu_count() or 1) // 4), max(1, fits))
     return max(1, min(writers, shards))
 
 
@@ -579,10 +587,8 @@ def convert(
     result.bytes_written = write_total
     mine: dict[str, dict] = {}
 
-    lanes = _lane_count(writers, len(todo), memory_bytes)
-    # Bytes in flight between reading and writing: enough for two units or READ_AHEAD_MAX, within a quarter
-    # of --max-memory (the rest: write buffers, the unit being converted, pinned and allocator caches).
-    budget = max(min(memory_bytes // 4, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK) // lanes
+    budget = _lane_budget(memory_bytes, biggest_unit)
+    lanes = _lane_count(writers, len(todo), memory_bytes, budget)
     timings = {"start": time.perf_counter() - t0, "wait_for_data": 0.0, "write": 0.0}
     lock = threading.Lock()
     done = 0

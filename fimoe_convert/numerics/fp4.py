@@ -182,7 +182,7 @@ def dequant_fp4_to_bf16(packed: torch.Tensor, scales: torch.Tensor, *, out: torc
         from . import fp4_triton
 
         if fp4_triton.triton_available():
-            return fp4_triton.dequant_fp4_to_bf16_cuda(packed, sb, out=out)
+            return fp4_triton.dequant_checked(packed, sb, out)
     codes = packed.view(torch.uint8).reshape(-1, k_half)
     sb2 = sb.reshape(-1, sb.shape[-1])
     out2 = out.view(-1, k_half * 2)
