@@ -3,18 +3,16 @@
 
     python3 scripts/bench_decode.py --device cpu            # 1 and 8 matrices
     python3 scripts/bench_decode.py --device cuda           # 1 and 256 matrices, plus % of copy bandwidth
-    python3 scripts/bench_decode.py --device cuda --sweep   # also sweep both Triton kernels' knobs
+    python3 scripts/bench_decode.py --device cuda --sweep   # also sweep the Triton kernel's knobs
 
 Checks `fimoe_convert.numerics.dequant_fp4_to_bf16` bit for bit against the seed formula (vLLM's
 `_dequant_fp4_ue8m0_gran32`, copied below) before timing; the seed is timed the way vLLM
-runs it, one expert matrix at a time. The sweep times the default kernel ("groups") over
-block_groups x num_warps (x load_bytes) and the previous kernel ("words") over its old grid, each
-checked bit for bit against the default kernel's verified output. Greppable lines:
+runs it, one expert matrix at a time. The sweep times the kernel over block_groups x num_warps
+(x load_bytes), each setting checked bit for bit against the default's verified output. Greppable lines:
     [8 x 2048x4096] ratio ours/seed: 9.1x
     [256 x 2048x4096] ours: 3400 GB/s = 91% of copy
-    [256 x 2048x4096] sweep variant=groups block_groups=128 num_warps=4 load_bytes=4: 3700 GB/s = 89% of copy (bit-exact)
-    [256 x 2048x4096] sweep variant=words block_words=1024 num_warps=4: 1891 GB/s = 46% of copy (bit-exact)
-    [256 x 2048x4096] sweep best groups: ... / sweep best words: ...
+    [256 x 2048x4096] sweep block_groups=64 num_warps=2 load_bytes=4: 3912 GB/s = 92% of copy (bit-exact)
+    [256 x 2048x4096] sweep best: block_groups=64 num_warps=4 load_bytes=4: 93% of copy
 """
 
 from __future__ import annotations
@@ -126,27 +124,19 @@ def bench(n: int, device: str, repeat: int, sweep: bool) -> None:
 
 
 def sweep_configs() -> list[dict]:
-    """Knob sets to time: the default kernel ("groups", 16 B of codes per program row) and the previous one
-    ("words", its old block_words x num_warps grid; block_words = 4 * block_groups)."""
+    """Knob sets to time: block_groups x num_warps with 4-byte code loads, and a few with 16-byte loads."""
     configs = []
     for block_groups in (64, 128, 256, 512, 1024):
         for num_warps in (1, 2, 4, 8):
             if 16 <= block_groups // num_warps <= 128:  # 16..128 values per thread: keep registers sane
-                configs.append(dict(variant="groups", block_groups=block_groups, num_warps=num_warps, load_bytes=4))
+                configs.append(dict(block_groups=block_groups, num_warps=num_warps, load_bytes=4))
     for block_groups, num_warps in ((128, 4), (256, 4), (256, 8), (512, 8)):  # 16 B code loads, for comparison
-        configs.append(dict(variant="groups", block_groups=block_groups, num_warps=num_warps, load_bytes=16))
-    for block_words in (256, 512, 1024, 2048, 4096):
-        for num_warps in (2, 4, 8):
-            if 1 <= block_words // (32 * num_warps) <= 16:  # words per thread, as before
-                configs.append(dict(variant="words", block_groups=block_words // 4, num_warps=num_warps))
+        configs.append(dict(block_groups=block_groups, num_warps=num_warps, load_bytes=16))
     return configs
 
 
 def sweep_label(cfg: dict) -> str:
-    if cfg["variant"] == "words":
-        return f"variant=words block_words={cfg['block_groups'] * 4} num_warps={cfg['num_warps']}"
-    return (f"variant=groups block_groups={cfg['block_groups']} num_warps={cfg['num_warps']} "
-            f"load_bytes={cfg['load_bytes']}")
+    return f"block_groups={cfg['block_groups']} num_warps={cfg['num_warps']} load_bytes={cfg['load_bytes']}"
 
 
 def sweep_kernels(tag: str, packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, moved: int,
@@ -173,10 +163,10 @@ def sweep_kernels(tag: str, packed: torch.Tensor, scales: torch.Tensor, out: tor
         pct = 100 * moved / ts / 1e9 / copy_bw
         print(f"{tag} sweep {label}: {moved / ts / 1e9:.0f} GB/s = {pct:.0f}% of copy "
               f"({'bit-exact' if exact else 'NOT BIT-EXACT vs the default kernel'})", flush=True)
-        if exact and pct > best.get(cfg["variant"], (0.0, ""))[0]:
-            best[cfg["variant"]] = (pct, label)
-    for variant, (pct, label) in sorted(best.items()):
-        print(f"{tag} sweep best {variant}: {label}: {pct:.0f}% of copy")
+        if exact and pct > best.get("pct", 0.0):
+            best = {"pct": pct, "label": label}
+    if best:
+        print(f"{tag} sweep best: {best['label']}: {best['pct']:.0f}% of copy")
 
 
 def main() -> None:
@@ -185,7 +175,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=None, help="matrices per batch (default 8 on cpu, 256 on cuda)")
     ap.add_argument("--repeat", type=int, default=None, help="timed calls per measurement (default 5 cpu, 20 cuda)")
     ap.add_argument("--sweep", action="store_true",
-                    help="cuda: also time both Triton kernels over block sizes / warp counts / load widths")
+                    help="cuda: also time the Triton kernel over block sizes / warp counts / load widths")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device")

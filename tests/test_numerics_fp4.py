@@ -303,38 +303,37 @@ def test_gpu_v4_flash_batch_matches_seed():
 @gpu
 @needs_cuda
 @pytest.mark.parametrize(
-    "variant, block_groups, num_warps, load_bytes",
+    "block_groups, num_warps, load_bytes",
     [
-        ("groups", 16, 4, 4),  # one scale byte per program: every scale byte runs both paths on its own
-        ("groups", None, 4, 4),  # the default
-        ("groups", 256, 8, 16),  # 16-byte code loads (layout conversion through shared memory)
-        ("groups", 64, 1, 4),
-        ("words", None, 4, 4),  # the previous kernel
+        (16, 4, 4),  # one scale byte per program: every scale byte runs both paths on its own
+        (64, 2, 4),  # the default
+        (256, 8, 16),  # 16-byte code loads (layout conversion through shared memory)
+        (64, 1, 4),
     ],
 )
-def test_gpu_every_scale_byte_per_variant(variant, block_groups, num_warps, load_bytes):
+def test_gpu_every_scale_byte_per_config(block_groups, num_warps, load_bytes):
     ft = _triton_or_skip()
     packed, scales = all_combos()
     got = ft.dequant_fp4_to_bf16_cuda(packed.cuda(), scales.cuda(), block_groups=block_groups, num_warps=num_warps,
-                                      variant=variant, load_bytes=load_bytes)
+                                      load_bytes=load_bytes)
     assert_bit_equal(got, seed_dequant(packed, scales))
 
 
 @gpu
 @needs_cuda
-def test_gpu_scale_byte_255_same_bits_as_previous_kernel():
-    """255 is outside the seed contract; both kernels give the documented recipe bits (inf, NaN 0x7FC0)."""
+def test_gpu_scale_byte_255_gives_the_documented_bits():
+    """255 is outside the seed contract (rejected upstream); the kernel gives the recipe's bits: inf for
+    non-zero codes, NaN 0x7FC0 for the zeros, with the code's sign."""
     ft = _triton_or_skip()
     packed, scales = all_combos(range(254, 256), device="cuda")  # 254 too: a program mixing both
-    new = ft.dequant_fp4_to_bf16_cuda(packed, scales)
-    old = ft.dequant_fp4_to_bf16_cuda(packed, scales, variant="words")
-    assert torch.equal(bits(new), bits(old))
-    assert {v & 0xFFFF for v in bits(new)[1].tolist()} == {0x7F80, 0x7FC0, 0xFF80, 0xFFC0}
+    got = bits(ft.dequant_fp4_to_bf16_cuda(packed, scales))[1].tolist()
+    codes = [c for b in range(256) for c in (b & 15, b >> 4)]
+    want = [(0x7FC0 if c & 7 == 0 else 0x7F80) | ((c & 8) << 12) for c in codes]
+    assert [v & 0xFFFF for v in got] == want
 
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("variant", ["groups", "words"])
 @pytest.mark.parametrize(
     "shape, k, block_groups",
     [
@@ -345,10 +344,10 @@ def test_gpu_scale_byte_255_same_bits_as_previous_kernel():
         ((2, 3), 64, 16),
     ],
 )
-def test_gpu_odd_shapes(shape, k, block_groups, variant):
+def test_gpu_odd_shapes(shape, k, block_groups):
     ft = _triton_or_skip()
     packed, scales = random_fp4(shape, k, seed=k, device="cuda")
-    got = ft.dequant_fp4_to_bf16_cuda(packed, scales, block_groups=block_groups, variant=variant)
+    got = ft.dequant_fp4_to_bf16_cuda(packed, scales, block_groups=block_groups)
     assert_bit_equal(got, seed_dequant(packed.cpu(), scales.cpu()))
 
 
@@ -393,16 +392,15 @@ def test_gpu_empty():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("variant", ["groups", "words"])
-def test_gpu_misaligned_codes_view(variant):
+def test_gpu_misaligned_codes_view():
     """A codes view whose data pointer is not 4-byte aligned (not reachable with whole rows of K/2 bytes,
-    but a flat view can do it): read byte by byte ("groups"), or re-homed before being read as int32 words."""
+    but a flat view can do it): the kernel reads codes byte by byte."""
     ft = _triton_or_skip()
     flat = torch.randint(0, 256, (1 + 4 * 64,), dtype=torch.uint8, device="cuda")
     p = flat[1:].view(4, 64)
     s = torch.randint(1, 255, (4, 4), dtype=torch.uint8, device="cuda")
     assert p.data_ptr() % 4
-    assert_bit_equal(ft.dequant_fp4_to_bf16_cuda(p, s, variant=variant), seed_dequant(p.cpu(), s.cpu()))
+    assert_bit_equal(ft.dequant_fp4_to_bf16_cuda(p, s), seed_dequant(p.cpu(), s.cpu()))
 
 
 @gpu

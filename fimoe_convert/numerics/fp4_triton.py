@@ -15,7 +15,7 @@ for every scale byte 0..254. The recipe, per code c and scale byte s (`_bf16_bit
 - s == 255 (E8M0 NaN, rejected upstream as corrupt) gives inf for mag >= 1 and NaN 0x7FC0 for zeros;
   the seed's NaN bits there depend on the device, so 255 is not part of the bit-exact contract.
 
-The default kernel (`fp4_e8m0_to_bf16_groups_kernel`) turns one code byte into one int32 holding both
+The kernel (`fp4_e8m0_to_bf16_groups_kernel`) turns one code byte into one int32 holding both
 of its BF16 values (low nibble in bits 0..15, which come first in memory), two values per integer op
 (SWAR). For s in {0} and 2..252 the recipe above reduces to (`_bf16x2_bits_common`):
 
@@ -30,10 +30,9 @@ A program whose scale bytes include 1 (subnormal result) or 253..255 (overflow, 
 itself instead: group scales of 2**-126 or 2**126..2**127 are far from trained weights', so that path is
 rare and kept small, not fast.
 
-`fp4_e8m0_to_bf16_words_kernel` is the previous kernel (`_bf16_bits` per value, int32 code words in),
-kept as variant "words" for comparison in `scripts/bench_decode.py --sweep`. Its sm_90 SASS has about 25
-integer instructions per value (1616 per 64); at the H200's integer throughput that alone takes about the
-3 ms it was measured at, so it is most likely integer-bound. The default kernel's common path has about 9.
+A previous kernel (`_bf16_bits` per value, int32 code words in) reached 43-46% of copy bandwidth on the
+H200: its sm_90 SASS had about 25 integer instructions per value, so it was integer-bound. This one's
+common path has about 9 and reaches 89-93% (docs/PERFORMANCE.md).
 
 Only this module imports Triton, and `fp4.py` imports this module for CUDA inputs only, so the package
 imports (and the CPU path runs) without Triton; `triton_available()` says whether the kernel exists.
@@ -45,12 +44,10 @@ import torch
 
 FP4_GROUP = 32  # values per E8M0 scale byte
 GROUP_BYTES = FP4_GROUP // 2  # code bytes per scale byte
-BLOCK_GROUPS = 64  # scale groups per program ("groups"): 1 KiB of codes in, 4 KiB of BF16 out
+BLOCK_GROUPS = 64  # scale groups per program 1 KiB of codes in, 4 KiB of BF16 out
 NUM_WARPS = 2  # with BLOCK_GROUPS 64: 92% of copy on the H200, best of the sweep (docs/PERFORMANCE.md)
-LOAD_BYTES = 4  # code bytes per thread per load ("groups"): see the kernel
+LOAD_BYTES = 4  # code bytes per thread per load: see the kernel
 EXACT_GROUPS = 32  # scale groups per step of the rare exact path
-WORDS_BLOCK_GROUPS = 256  # "words" default: 1024 int32 code words per program, as before
-VARIANTS = ("groups", "words")
 
 try:  # only this module needs Triton; fp4.py imports it on CUDA inputs only
     import triton
@@ -124,66 +121,29 @@ if triton is not None:
                 sr = tl.load(scales_ptr + r, mask=ok, other=0).to(tl.int32)[:, None]
                 tl.store(out_ptr + o, _bf16_bits(c & 15, sr) | (_bf16_bits(c >> 4, sr) << 16), mask=ok[:, None])
 
-    @triton.jit(do_not_specialize=["one"])
-    def fp4_e8m0_to_bf16_words_kernel(
-        words_ptr,  # int32 [n_words]: code bytes, 4 per word, little-endian (byte i of the row = bits 8i..8i+7)
-        scales_ptr,  # uint8 [n_words // 4]: one scale byte per 16 code bytes = 4 words
-        out_ptr,  # int16 [n_words * 8]: BF16 bits
-        n_words,
-        one,  # always 1, not specialized: see below
-        BLOCK: tl.constexpr,
-    ):
-        pid = tl.program_id(0).to(tl.int64)
-        word = pid * BLOCK + tl.arange(0, BLOCK)  # int64: 256 experts x 8M values overflow int32
-        in_range = word < n_words
-        # Each thread writes the 8 BF16 values (16 bytes) of one word per store, consecutive threads
-        # consecutive words. Loading the words in that same layout (one int32 per thread per word,
-        # still coalesced across the warp) avoids a round trip through shared memory; hiding the
-        # contiguity of the load addresses behind `one` stops the compiler from picking 16-byte loads
-        # in another layout.
-        src_word = word * one
-        w = tl.load(words_ptr + src_word, mask=in_range, other=0)
-        s = tl.load(scales_ptr + (src_word >> 2), mask=in_range, other=0).to(tl.int32)  # uint8: zero-extended
-        j = tl.arange(0, 8)
-        # value 8*word + j is nibble j of the word (low nibble of byte 0 first); arithmetic >> is fine
-        # for negative words since every nibble is masked
-        bits = _bf16_bits((w[:, None] >> (j[None, :] * 4)) & 0xF, s[:, None])
-        offs = word[:, None] * 8 + j[None, :]
-        tl.store(out_ptr + offs, bits.to(tl.int16), mask=in_range[:, None])
-
 
 def _launch(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, *, block_groups: int, num_warps: int,
-            variant: str, load_bytes: int) -> None:
-    """Run one kernel on flat contiguous uint8 codes [n_groups * 16], uint8 scales [n_groups] and a flat
+            load_bytes: int) -> None:
+    """Run the kernel on flat contiguous uint8 codes [n_groups * 16], uint8 scales [n_groups] and a flat
     contiguous BF16 `out` [n_groups * 32] starting on a 4-byte boundary. No checks and no device guard:
     the caller's job. Tensors on the CPU work under TRITON_INTERPRET=1."""
     n_groups = sb.numel()
-    if variant == "groups":
-        grid = (triton.cdiv(n_groups, block_groups),)
-        fp4_e8m0_to_bf16_groups_kernel[grid](codes, sb, out.view(torch.int32), n_groups, BLOCK_GROUPS=block_groups,
-                                             LOAD_BYTES=load_bytes, EXACT_GROUPS=min(block_groups, EXACT_GROUPS),
-                                             num_warps=num_warps)
-        return
-    if codes.data_ptr() % 4:  # a view starting mid-word: re-home it so it reads as int32
-        codes = codes.clone()
-    words = codes.view(torch.int32)  # groups are 4 whole words
-    block_words = block_groups * (GROUP_BYTES // 4)
-    grid = (triton.cdiv(words.numel(), block_words),)
-    fp4_e8m0_to_bf16_words_kernel[grid](words, sb, out.view(torch.int16), words.numel(), 1, BLOCK=block_words,
-                                        num_warps=num_warps)
+    grid = (triton.cdiv(n_groups, block_groups),)
+    fp4_e8m0_to_bf16_groups_kernel[grid](codes, sb, out.view(torch.int32), n_groups, BLOCK_GROUPS=block_groups,
+                                         LOAD_BYTES=load_bytes, EXACT_GROUPS=min(block_groups, EXACT_GROUPS),
+                                         num_warps=num_warps)
 
 
 def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None,
-                             block_groups: int | None = None, num_warps: int = NUM_WARPS, variant: str = "groups",
+                             block_groups: int = BLOCK_GROUPS, num_warps: int = NUM_WARPS,
                              load_bytes: int = LOAD_BYTES) -> torch.Tensor:
     """[..., K/2] int8/uint8 codes and [..., K/32] uint8 (or float8_e8m0fnu) scales on one CUDA device
     -> BF16 [..., K], bit-identical to the seed formula for scale bytes 0..254.
 
     Non-contiguous inputs are made contiguous first (one extra copy). `out`, if given, must be a
     contiguous BF16 tensor of the result's shape on the same device. Tuning knobs: `block_groups`
-    (scale groups of 16 code bytes per program, a power of two; default BLOCK_GROUPS, or
-    WORDS_BLOCK_GROUPS for the old kernel), `num_warps`, `variant` ("groups", or "words" for the old
-    kernel) and `load_bytes` (contiguous code bytes per thread load, "groups" only)."""
+    (scale groups of 16 code bytes per program, a power of two), `num_warps` and `load_bytes`
+    (contiguous code bytes per thread load)."""
     if packed.dtype not in (torch.int8, torch.uint8):
         raise TypeError(f"FP4 codes must be int8 or uint8, got {packed.dtype}")
     if scales.dtype in (torch.float8_e8m0fnu, torch.int8):
@@ -198,10 +158,6 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
                          f"expected scales [..., K/{FP4_GROUP}] for codes [..., K/2]")
     if packed.device.type != "cuda" or scales.device != packed.device:
         raise ValueError(f"codes ({packed.device}) and scales ({scales.device}) must be on one CUDA device")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if block_groups is None:
-        block_groups = BLOCK_GROUPS if variant == "groups" else WORDS_BLOCK_GROUPS
     if block_groups <= 0 or block_groups & (block_groups - 1):
         raise ValueError(f"block_groups must be a power of two, got {block_groups}")
     if load_bytes not in (1, 2, 4, 8, 16):
@@ -213,12 +169,11 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
           or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous bfloat16 {shape} tensor on {packed.device}, got "
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
-    return dequant_checked(packed, scales, out, block_groups=block_groups, num_warps=num_warps, variant=variant,
-                           load_bytes=load_bytes)
+    return dequant_checked(packed, scales, out, block_groups=block_groups, num_warps=num_warps, load_bytes=load_bytes)
 
 
 def dequant_checked(packed: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, *, block_groups: int = BLOCK_GROUPS,
-                    num_warps: int = NUM_WARPS, variant: str = "groups", load_bytes: int = LOAD_BYTES) -> torch.Tensor:
+                    num_warps: int = NUM_WARPS, load_bytes: int = LOAD_BYTES) -> torch.Tensor:
     """The launch behind `dequant_fp4_to_bf16_cuda` for arguments already checked (uint8 scales, a matching
     contiguous BF16 `out`): at 256 experts the kernel takes 1.4 ms, so a second round of Python checks shows."""
     if out.numel() == 0:
@@ -228,11 +183,10 @@ def dequant_checked(packed: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, *
     flat = out.reshape(-1)
     dst = flat if flat.data_ptr() % 4 == 0 else torch.empty_like(flat)  # the kernels write whole int32 words
     if packed.device.index == torch.cuda.current_device():
-        _launch(codes, sb, dst, block_groups=block_groups, num_warps=num_warps, variant=variant, load_bytes=load_bytes)
+        _launch(codes, sb, dst, block_groups=block_groups, num_warps=num_warps, load_bytes=load_bytes)
     else:
         with torch.cuda.device(packed.device):
-            _launch(codes, sb, dst, block_groups=block_groups, num_warps=num_warps, variant=variant,
-                    load_bytes=load_bytes)
+            _launch(codes, sb, dst, block_groups=block_groups, num_warps=num_warps, load_bytes=load_bytes)
     if dst is not flat:
         flat.copy_(dst)
     return out
