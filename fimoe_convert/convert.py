@@ -50,7 +50,7 @@ from .units import parse_size
 
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
-READ_AHEAD_MAX = 256 << 20  # bytes read or converted ahead of the writer, unless two units need more
+READ_AHEAD_MAX = 128 << 20  # bytes read or converted ahead of the writer, unless two units need more
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
 
 

@@ -30,7 +30,7 @@ from .errors import InputError
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own cap
 HEADER_ALIGN = 8  # bytes; headers are space-padded so data starts 8-aligned
 TMP_SUFFIX = ".fimoe-tmp"
-IO_BLOCK = 64 * 2**20  # bytes per read/write call when streaming large tensors
+IO_BLOCK = 16 * 2**20  # bytes per read/write call when streaming large tensors
 STAGE_BLOCKS = 3  # staging blocks of IO_BLOCK bytes per shard writer: one filling, two writing/hashing
 DIRECT_ALIGN = 4096  # bytes: O_DIRECT wants buffer address, file offset and length aligned to this
 

@@ -95,6 +95,18 @@ class MegaMoeSm90Mxfp4(Target):
         return units
 
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+        out = {}
+        got = self.transform(unit, inputs, device)
+        for t in unit.outputs:
+            v = to_host(got[t.name.removeprefix(unit.key + ".")])
+            if tuple(v.shape) != t.shape:
+                raise AssertionError(f"{t.name}: FlashInfer returned shape {tuple(v.shape)}, planned {t.shape}")
+            out[t.name] = v
+        return out
+
+    def transform(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+        """The unit's kernel-ready tensors on `device` ("l1.weight", "l2.weight", "l1.global_scale",
+        "l2.global_scale"): what a server would otherwise compute at load time."""
         lo, hi = unit.experts
         check_scales(inputs)
 
@@ -122,14 +134,7 @@ class MegaMoeSm90Mxfp4(Target):
             self._report.merge(rep)
             legs[leg] = (linear_to_marlin(newp), news, torch.exp2(g.float()))
         l1, l2 = _transform(legs["l1"][:2], legs["l2"][:2])
-        got = {"l1.weight": l1, "l2.weight": l2, "l1.global_scale": legs["l1"][2], "l2.global_scale": legs["l2"][2]}
-        out = {}
-        for t in unit.outputs:
-            v = to_host(got[t.name.removeprefix(unit.key + ".")])
-            if tuple(v.shape) != t.shape:
-                raise AssertionError(f"{t.name}: FlashInfer returned shape {tuple(v.shape)}, planned {t.shape}")
-            out[t.name] = v
-        return out
+        return {"l1.weight": l1, "l2.weight": l2, "l1.global_scale": legs["l1"][2], "l2.global_scale": legs["l2"][2]}
 
     def report(self) -> dict:
         r = self._report
