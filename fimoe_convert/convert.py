@@ -2,9 +2,9 @@
 
 Order of work: resolve SRC and validate config, index, every shard header, the experts, the target
 against the model and the options, and OUT, all before any tensor data is read and all problems at
-once; plan; then stream each output shard (temp name, fsync, rename, manifest status) while a
-background thread reads and converts ahead within the memory budget; finally index, config, card
-and the manifest with `complete: true`."""
+once; plan; then stream each output shard (temp name, fsync, rename, manifest status), one or more
+shards at a time (`--writers` lanes), each lane fed by a reader and a converter thread within a byte
+budget drawn from --max-memory; finally index, config, card and the manifest with `complete: true`."""
 
 from __future__ import annotations
 
