@@ -68,9 +68,10 @@ class ConvertResult:
     free_disk: int | None = None
     plan: list[dict] = field(default_factory=list)
     report: dict = field(default_factory=dict)
-    # Seconds: `start` until the first shard (imports excluded), then per stage: `read` (source into host
-    # memory), `convert` (the target's transform), `wait_for_device` (the writer waiting for device-to-host
-    # copies), `wait_for_data` (the writer idle), `write` (copy into write buffers, disk, fsync).
+    # Seconds: `start` until the first shard (imports excluded), then per stage, summed over --writers lanes:
+    # `read` (source into host memory), `convert` (the target's transform), `wait_for_data` (the writer idle,
+    # including `wait_for_device`: its wait for device-to-host copies), `write` (copy into write buffers,
+    # disk, fsync).
     timings: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
