@@ -338,6 +338,7 @@ class _Producer:
                 self.seconds["wait_for_device"] += time.perf_counter() - t0
             yield fname, t, data, last
             self.budget.release(_nbytes(data))
+            self.target.recycle(data)  # written: the target may reuse its memory
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -221,3 +221,25 @@ def test_ep_size_puts_each_rank_in_its_own_shards(tiny_ckpt, tmp_path):
     assert shard_of_rank[0] and shard_of_rank[1] and not (shard_of_rank[0] & shard_of_rank[1])
     others = {s for n, s in index.items() if ".ffn.experts." not in n}
     assert not (others & (shard_of_rank[0] | shard_of_rank[1]))
+
+
+def test_output_pool_reuses_only_its_own_tensors():
+    """CPU dequant outputs come back from the writer for reuse; a tensor the pool did not hand out is
+    never taken in, and at most `keep` idle tensors of a shape are kept."""
+    from fimoe_convert.targets.base import OutputPool
+
+    pool = OutputPool(keep=1)
+    a = pool.take((2, 3), torch.bfloat16)
+    pool.give(a)
+    assert pool.take((2, 3), torch.bfloat16) is a
+    foreign = torch.empty(2, 3, dtype=torch.bfloat16)
+    pool.give(foreign)
+    got = pool.take((2, 3), torch.bfloat16)
+    assert got is not foreign and got is not a
+    b = pool.take((2, 3), torch.bfloat16)
+    pool.give(got)
+    pool.give(b)
+    assert pool.take((2, 3), torch.bfloat16) is got  # b was over the limit: dropped
+    fresh = pool.take((2, 3), torch.bfloat16)
+    assert fresh is not got and fresh is not b
+    assert pool.take((3, 2), torch.bfloat16).shape == (3, 2)

@@ -3,6 +3,7 @@ turn a unit's source tensors into output tensors; the converter does all reading
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -79,6 +80,9 @@ class Target(ABC):
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
         """Turn one unit's source tensors (typed CPU tensors, by name) into its outputs (CPU, by name)."""
 
+    def recycle(self, tensor: torch.Tensor) -> None:
+        """The converter is done with `tensor`, an output of `run`: a target may reuse its memory."""
+
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
         """The manifest's `layers`: what the runtime needs to rebuild each block's objects."""
         return {}
@@ -125,3 +129,35 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
+
+
+class OutputPool:
+    """CPU output tensors handed back by the converter (`Target.recycle`) and reused: filling fresh memory
+    costs a page fault per 4 KiB, which made CPU decode into fresh outputs 3x slower than into reused ones
+    (scripts/bench_decode.py). Keeps at most `keep` idle tensors of each shape."""
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self._idle: dict[tuple, list[torch.Tensor]] = {}
+        self._ours: set[int] = set()  # data pointers of tensors this pool handed out
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        with self._lock:
+            idle = self._idle.get((tuple(shape), dtype))
+            if idle:
+                return idle.pop()
+        t = torch.empty(shape, dtype=dtype)
+        with self._lock:
+            self._ours.add(t.data_ptr())
+        return t
+
+    def give(self, t: torch.Tensor) -> None:
+        with self._lock:
+            if t.data_ptr() not in self._ours:
+                return
+            idle = self._idle.setdefault((tuple(t.shape), t.dtype), [])
+            if len(idle) < self.keep:
+                idle.append(t)
+            else:
+                self._ours.discard(t.data_ptr())

@@ -8,7 +8,7 @@ import torch
 from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
+from .base import OutputPool, Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
 
 
 class Bf16Target(Target):
@@ -19,6 +19,9 @@ class Bf16Target(Target):
         activation_format="bf16",
         consumes="any",
     )
+
+    def __init__(self):
+        self._pool = OutputPool()
 
     def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
         units = []
@@ -44,10 +47,15 @@ class Bf16Target(Target):
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
             if fp8_block:
                 y = dequant_fp8_block_to_bf16(w, s, tuple(fp8_block))
+            elif device == "cpu":
+                y = dequant_fp4_to_bf16(w, s, out=self._pool.take(t.shape, torch.bfloat16))
             else:
                 y = dequant_fp4_to_bf16(w, s)
             out[t.name] = to_host(y)
         return out
+
+    def recycle(self, tensor: torch.Tensor) -> None:
+        self._pool.give(tensor)
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
         return {block: {"format": "bf16", "tensors": f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.weight",
