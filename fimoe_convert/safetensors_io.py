@@ -132,20 +132,28 @@ def read_header(path: Path, where: str | None = None) -> Header:
     return Header(path, header.file_size, header.data_start, header.tensors, header.metadata)
 
 
+def _pread_exact(fd: int, view: memoryview, path: Path, info: TensorInfo, first: int = 0) -> None:
+    """Fill `view` with tensor `info`'s bytes from byte `first` of the tensor on (positional reads: parallel
+    readers share one descriptor); a file that ends early is an InputError naming the tensor."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], info.start + first + got)
+        if not n:
+            raise InputError(f"{path}: tensor {info.name!r}: file ended after {first + got} of {info.nbytes} bytes; "
+                             "it changed while being read or is truncated")
+        got += n
+
+
 def read_bytes(path: Path, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:
     """The raw bytes of one tensor as a uint8 CPU tensor (into `out` when given)."""
     buf = out if out is not None else torch.empty(info.nbytes, dtype=torch.uint8)
     view = memoryview(buf.numpy()).cast("B")
     try:
-        with open(path, "rb", buffering=0) as f:
-            f.seek(info.start)
-            got = 0
-            while got < info.nbytes:
-                n = f.readinto(view[got:info.nbytes])
-                if not n:
-                    raise InputError(f"{path}: tensor {info.name!r}: file ended after {got} of {info.nbytes} bytes; "
-                                     "it changed while being read or is truncated")
-                got += n
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _pread_exact(fd, view[:info.nbytes], path, info)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise InputError(f"{path}: tensor {info.name!r}: cannot read ({e.strerror}); the file changed or vanished "
                          "while being read, restore it and run the same command with --resume") from e
@@ -189,12 +197,7 @@ def read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu
 
     def read(job) -> None:
         info, at, n, off = job
-        got = 0
-        while got < n:
-            k = os.preadv(fd, [view[at + got:at + n]], info.start + off + got)
-            if not k:
-                raise InputError(f"{path}: tensor {info.name!r}: file ended early; it is truncated, convert again")
-            got += k
+        _pread_exact(fd, view[at:at + n], path, info, off)
 
     try:
         fd = os.open(path, os.O_RDONLY)

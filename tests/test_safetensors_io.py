@@ -80,3 +80,16 @@ def test_read_tensors_names_a_missing_tensor(tmp_path):
     with pytest.raises(sio.InputError, match=r"t\.safetensors: tensor 'nope' not found; the file and its index "
                                              r"disagree, convert again"):
         sio.read_tensors(path, ["big", "nope"])
+
+
+def test_a_tensor_cut_short_after_its_header_was_read_names_the_tensor_and_the_bytes(tmp_path):
+    """The file shrinks between validation and the read (the converter's case): one error naming the tensor
+    and how many of its bytes arrived."""
+    path = tmp_path / "t.safetensors"
+    write_file(path, _tensors(1000))
+    info = sio.read_header(path).tensors["big"]
+    with open(path, "r+b") as f:
+        f.truncate(info.start + 100)
+    with pytest.raises(sio.InputError, match=r"t\.safetensors: tensor 'big': file ended after 100 of 1000 bytes; "
+                                             r"it changed while being read or is truncated$"):
+        sio.read_bytes(path, info)
