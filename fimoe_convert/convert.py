@@ -392,7 +392,7 @@ def _write_lane(producer: "_Producer", out_dir: Path, timings: dict, lock: threa
                         writer.write_part(data)
                         wait += t2 - t1
                         busy += time.perf_counter() - t2
-                        wrote(data.numel() * data.element_size())
+                        wrote(_nbytes(data))
                     writer.end_tensor()
                 t1 = time.perf_counter()
                 rec = writer.finish()

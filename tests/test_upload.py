@@ -490,7 +490,7 @@ def test_cli_reads_hf_endpoint_and_never_prints_the_token(bf16_out, hub, tmp_pat
     assert f"error: upload to {REPO}@v1 failed at upload_folder" in first.stderr
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
-    assert f"uploaded 10 files, " in second.stdout and f"{hub.url}/{REPO}/tree/v1" in second.stdout
+    assert "uploaded 10 files, " in second.stdout and f"{hub.url}/{REPO}/tree/v1" in second.stdout
     assert arrived(hub, REPO, "v1") == expected_files(bf16_out)
     assert all(q["auth"] == f"Bearer {TOKEN}" for q in hub.requests if not q["path"].startswith("/lfs-storage/"))
     for p in (first, second):
