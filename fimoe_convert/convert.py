@@ -42,7 +42,7 @@ from .manifest import (
     write_rank_status,
     write_text,
 )
-from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, plan_shards
+from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, piece_rows, plan_shards
 from .safetensors_io import IO_BLOCK, STAGE_BLOCKS, PlannedTensor, ShardWriter, sha256_file
 from .source import Source, open_source
 from .targets import Target, TargetOptions, get_target
@@ -51,6 +51,8 @@ from .units import parse_size
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
 READ_AHEAD_MAX = 128 << 20  # bytes read or converted ahead of the writer, unless two units need more
+UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their work (fewer with --max-memory/32)
+KEEP_MAX = 1 << 20  # bytes: a unit's output written away from the rest of its outputs is kept, not recomputed
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
 
 
@@ -139,7 +141,7 @@ def build_plan(source: Source, target: Target, opts: TargetOptions, shard_size: 
     units = target.units(source.model, opts)
     tensors = [OutTensor(n, i.dtype, i.shape) for n, i in
                ((n, source.info(n)) for n in source.weight_map) if parse_expert_name(n) is None]
-    tensors += [t for u in units for t in u.outputs]
+    tensors += merge_outputs(units)
     read = sum(source.info(n).nbytes for n in source.weight_map)
     return Plan(tuple(plan_shards(tensors, shard_size)), {u.key: u for u in units}, read)
 
@@ -268,21 +270,48 @@ class _Producer:
             except _Stopped:
                 pass
 
+    def _pieces(self) -> list[tuple[str, OutTensor, str | None, bool]]:
+        """This lane's write order: (shard file, tensor, unit writing this piece of it or None for a copy,
+        last piece of the tensor)."""
+        seq = []
+        for shard in self.shards:
+            for t in shard.tensors:
+                units = t.producers
+                if not units:
+                    seq.append((shard.filename, t, None, True))
+                seq += [(shard.filename, t, k, p == len(units) - 1) for p, k in enumerate(units)]
+        return seq
+
+    def _schedule(self, seq: list[tuple]) -> tuple[dict[int, list[tuple[str, bool]]], set[int]]:
+        """Where each unit runs: a run serves a stretch of consecutive pieces of its unit, plus that unit's
+        small pieces (<= KEEP_MAX bytes) further on in this lane, which it keeps until they are written. A
+        larger piece further on gets a run of its own, since holding it could starve the budget.
+        Returns {index of a run's first piece: [(tensor name, kept)]} and the indices of kept pieces."""
+        runs: dict[int, list[tuple[str, bool]]] = {}
+        kept: set[int] = set()
+        last_run: dict[str, int] = {}
+        prev = None
+        for i, (_, t, k, _) in enumerate(seq):
+            if k is not None and k == prev:
+                runs[last_run[k]].append((t.name, False))
+            elif k is not None and k in last_run and self.plan.piece_bytes(k, t.name) <= KEEP_MAX:
+                runs[last_run[k]].append((t.name, True))
+                kept.add(i)
+                k = None  # the next piece of this unit is not part of a stretch
+            elif k is not None:
+                runs[i] = [(t.name, False)]
+                last_run[k] = i
+            prev = k
+        return runs, kept
+
     def _reads(self) -> Iterator[tuple]:
         """("copy", shard file, tensor, bytes, last) blocks of copied tensors; ("run", unit, inputs, wanted,
-        bytes held) before each stretch of a unit's outputs in these shards, then ("out", shard file, tensor)."""
+        bytes held) where a unit runs (`_schedule`); ("out", shard file, tensor, unit, last, kept) per piece."""
         pin = self.device == "cuda"
-        seq = [(shard.filename, t) for shard in self.shards for t in shard.tensors]
-        # a unit's outputs may be split between shards (and lanes): each stretch of them runs the unit once
-        stretches: dict[int, list[OutTensor]] = {}
-        for i, (_, t) in enumerate(seq):
-            if t.unit is not None:
-                if i and seq[i - 1][1].unit == t.unit:
-                    stretches[next(reversed(stretches))].append(t)
-                else:
-                    stretches[i] = [t]
-        for i, (fname, t) in enumerate(seq):
-            if t.unit is None:  # byte-for-byte copy, streamed in blocks
+        seq = self._pieces()
+        runs, kept = self._schedule(seq)
+        for i, (fname, t, k, last) in enumerate(seq):
+            if k is None:  # byte-for-byte copy, streamed in blocks
                 n = self.source.info(t.name).nbytes
                 for start in range(0, max(n, 1), IO_BLOCK):
                     end = min(n, start + IO_BLOCK)
@@ -292,52 +321,55 @@ class _Producer:
                     self.seconds["read"] += time.perf_counter() - t0
                     yield ("copy", fname, t, data, end == n)
                 continue
-            if i in stretches:  # hold budget for its inputs and the outputs asked for here
-                unit = self.plan.units[t.unit]
-                wanted = stretches[i]
-                held = sum(self.source.info(n).nbytes for n in unit.inputs) + sum(w.nbytes for w in wanted)
+            if i in runs:  # hold budget for its inputs and its outputs written here (kept ones are tiny)
+                unit = self.plan.units[k]
+                wanted = runs[i]
+                held = (sum(self.source.info(n).nbytes for n in unit.inputs)
+                        + sum(self.plan.piece_bytes(k, n) for n, keep in wanted if not keep))
                 self.budget.acquire(held)
                 t0 = time.perf_counter()
                 inputs = {n: self.source.read(n, pin=pin) for n in unit.inputs}
                 self.seconds["read"] += time.perf_counter() - t0
-                yield ("run", unit, inputs, [w.name for w in wanted], held)
-            yield ("out", fname, t)
+                yield ("run", unit, inputs, wanted, held)
+            yield ("out", fname, t, k, last, i in kept)
 
     def _converted(self) -> Iterator[tuple]:
-        """(shard file, tensor, data, last, event or None) in the writer's order."""
-        results: dict[str, torch.Tensor] = {}
+        """(shard file, tensor, data, last, event or None, budgeted) in the writer's order."""
+        results: dict[tuple[str, str], torch.Tensor] = {}
         event = None
         for item in _drain(self.inq):
             if item[0] == "copy":
-                yield (*item[1:], None)
+                yield (*item[1:], None, True)
             elif item[0] == "run":
                 _, unit, inputs, wanted, held = item
                 t0 = time.perf_counter()
                 got = self.target.run(unit, inputs, self.device)
                 del inputs
-                results = {n: got[n] for n in wanted}
-                del got
+                for name, _ in wanted:
+                    results[(unit.key, name)] = got[name]
                 if self.device == "cuda":
                     event = torch.cuda.Event()
                     event.record()
                 self.seconds["convert"] += time.perf_counter() - t0
                 # the inputs are done with; the writer releases each output's bytes as it writes them
-                self.budget.release(held - sum(_nbytes(r) for r in results.values()))
-            else:
-                _, fname, t = item
-                yield (fname, t, results.pop(t.name), True, event)
+                self.budget.release(held - sum(_nbytes(got[n]) for n, keep in wanted if not keep))
+                del got
+            else:  # a kept piece waits on a later event of the same stream, which is later work
+                _, fname, t, k, last, keep = item
+                yield (fname, t, results.pop((k, t.name)), last, event, not keep)
 
     def items(self) -> Iterator[tuple]:
         """(shard file, tensor, CPU data, last) for the writer, once the data is on the host; the data's bytes
         leave the budget when the writer asks for the next item, before waiting for it (holding them while
         waiting could starve the reader of budget)."""
-        for fname, t, data, last, event in _drain(self.q):
+        for fname, t, data, last, event, budgeted in _drain(self.q):
             if event is not None:
                 t0 = time.perf_counter()
                 event.synchronize()
                 self.seconds["wait_for_device"] += time.perf_counter() - t0
             yield fname, t, data, last
-            self.budget.release(_nbytes(data))
+            if budgeted:
+                self.budget.release(_nbytes(data))
             self.target.recycle(data)  # written: the target may reuse its memory
 
 
@@ -476,7 +508,8 @@ def convert(
     cap = parse_arch(arch)
     if cap is None and dev == "cuda":
         cap = torch.cuda.get_device_capability()
-    opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}))
+    opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}),
+                         unit_bytes=min(UNIT_BYTES_MAX, memory_bytes // 32))
     out_dir = Path(out).expanduser()
 
     problems: list[str] = []
@@ -732,12 +765,14 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     arch = parse_arch(o["arch"])
     opts = TargetOptions(ep_size=o["ep_size"], arch=arch, device="cpu", allow_lossy=o["allow_lossy"], params=o["params"])
     units = tgt.units(source.model, opts)
+    rows = piece_rows(units)  # a unit may write only some rows of a tensor
     step = max(1, len(units) // samples)
     for unit in units[::step][:samples]:
         want = tgt.run(unit, {n: source.read(n) for n in unit.inputs}, "cpu")
         got = read_output_tensors(out_dir, list(want))
         for name, w in want.items():
-            g = got[name]
+            lo, hi = rows[(unit.key, name)]
+            g = got[name] if (lo, hi) == (0, got[name].shape[0]) else got[name][lo:hi]
             if g.shape != w.shape or not torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)):
                 report["problems"].append(f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; "
                                           "the output is damaged, convert again with --overwrite")

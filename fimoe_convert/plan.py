@@ -14,7 +14,8 @@ SHARD_NAME = "model-{i:05d}-of-{n:05d}.safetensors"
 @dataclass(frozen=True)
 class OutTensor:
     """One output tensor. `unit` is the key of the work unit that produces it, or None for a
-    byte-for-byte copy of the source tensor of the same name. `rank` is the EP rank whose shards
+    byte-for-byte copy of the source tensor of the same name; `parts`, when set, are the units that
+    produce consecutive row ranges (dim 0) of it, in order. `rank` is the EP rank whose shards
     hold it (None: shards shared by every rank)."""
 
     name: str
@@ -22,16 +23,24 @@ class OutTensor:
     shape: tuple[int, ...]
     unit: str | None = None
     rank: int | None = None
+    parts: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
         return tensor_nbytes(self.dtype, self.shape)
 
+    @property
+    def producers(self) -> tuple[str, ...]:
+        """Keys of the units that write this tensor, in file order (none for a copy)."""
+        return self.parts or (() if self.unit is None else (self.unit,))
+
 
 @dataclass(frozen=True)
 class Unit:
-    """A piece of conversion work: source tensors in, output tensors out (one expert for BF16,
-    one MoE block and EP rank for kernel targets)."""
+    """A piece of conversion work: source tensors in, output tensors out (one expert for BF16, a
+    chunk of one EP rank's experts for one leg of megamoe, one MoE block and EP rank for moe_ep
+    targets). An output may be a row range of a larger tensor: several units then share its name,
+    and `merge_outputs` joins them in unit order."""
 
     key: str
     block: str
@@ -55,6 +64,36 @@ class OutShard:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+
+def merge_outputs(units: list[Unit]) -> list[OutTensor]:
+    """The output tensors of `units`, in order; outputs that several units share by name become one
+    tensor whose rows are the units' pieces, concatenated in unit order (its `parts`)."""
+    pieces: dict[str, list[OutTensor]] = {}
+    for u in units:
+        for t in u.outputs:
+            pieces.setdefault(t.name, []).append(t)
+    out = []
+    for name, ps in pieces.items():
+        if len(ps) == 1:
+            out.append(ps[0])
+            continue
+        first = ps[0]
+        shape = (sum(p.shape[0] for p in ps), *first.shape[1:])
+        out.append(OutTensor(name, first.dtype, shape, None, first.rank, tuple(p.unit for p in ps)))
+    return out
+
+
+def piece_rows(units: list[Unit]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(unit key, tensor name) -> the rows [lo, hi) of that tensor the unit writes."""
+    rows: dict[tuple[str, str], tuple[int, int]] = {}
+    done: dict[str, int] = {}
+    for u in units:
+        for t in u.outputs:
+            lo = done.get(t.name, 0)
+            rows[(u.key, t.name)] = (lo, lo + t.shape[0])
+            done[t.name] = lo + t.shape[0]
+    return rows
 
 
 def ep_ranges(n_experts: int, ep_size: int) -> list[tuple[int, int]]:
@@ -93,8 +132,9 @@ class Plan:
     def write_bytes(self) -> int:
         return sum(s.nbytes for s in self.shards)
 
-    def unit_of(self, t: OutTensor) -> Unit | None:
-        return None if t.unit is None else self.units[t.unit]
+    def piece_bytes(self, key: str, name: str) -> int:
+        """Bytes of tensor `name` that unit `key` writes."""
+        return next(t.nbytes for t in self.units[key].outputs if t.name == name)
 
 
 def assign_shards(shards: list[OutShard], world: int) -> list[int]:

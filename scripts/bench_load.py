@@ -77,10 +77,13 @@ def main() -> None:
         """flashinfer.megamoe consumes FP4 itself: read the experts, then the repack it needs (scale windows,
         Marlin order, FlashInfer's tile transform) on the device; no dequant."""
         from fimoe_convert.targets import TargetOptions
+        from fimoe_convert.targets.megamoe_sm90_mxfp4 import STRUCTURE, prefix
 
-        unit = next(u for u in tgt.units(model, TargetOptions(device=args.device)) if u.block == layer)
-        got = tgt.transform(unit, {n: source.read(n) for n in unit.inputs}, args.device)
-        return tuple(got[k] for k in ("l1.weight", "l2.weight", "l1.global_scale", "l2.global_scale"))
+        whole = TargetOptions(device=args.device, unit_bytes=1 << 62)  # one unit per leg: all of the rank's experts
+        got = {}
+        for unit in (u for u in tgt.units(model, whole) if u.block == layer and u.rank == 0):
+            got.update(tgt.transform(unit, {n: source.read(n) for n in unit.inputs}, args.device))
+        return tuple(got[f"{prefix(layer, 0)}.{leg}.{slot}"] for leg, slot in STRUCTURE)
 
     def today_path():
         """Read FP4 experts, dequantize expert by expert with the seed formula, FlashInfer preprocess."""

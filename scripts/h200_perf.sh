@@ -2,7 +2,7 @@
 # Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
 # (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
 # Steps (default: the first eight): gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big
-# convert-megamoe convert-megamoe-big memory; also load-megamoe;
+# convert-megamoe convert-megamoe-big memory; also convert-megamoe-huge (40 layers, ~11 GB) load-megamoe;
 # diagnostics: diag startup profile (py-spy, carry [".fi-bundle", ".carry-tools"]).
 # Everything printed also goes to $OUT/log.txt.
 set -o pipefail
@@ -35,6 +35,7 @@ for step in $steps; do
     convert-bf16-shards) r 150 python3 scripts/bench_convert.py --target bf16 --device cuda --shard-size 1GB ;;
     convert-megamoe) r 120 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
     convert-megamoe-big) r 200 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 12 --shard-size 1GB ;;
+    convert-megamoe-huge) r 400 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 40 --shard-size 2GB ;;
     memory) r 150 python3 scripts/bench_memory.py --device cuda ;;
     load-megamoe) r 120 python3 scripts/bench_load.py --device cuda --target megamoe_sm90_mxfp4 ;;
     diag) r 120 python3 scripts/diag_cuda_unit.py ;;

@@ -85,6 +85,66 @@ def test_loaded_weights_equal_flashinfer_transform(tiny_ckpt, megamoe_out, block
         assert gs1[0] == 2.0 ** -121 and gs1[1] == 2.0 ** 121
 
 
+def folder_bytes(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def megamoe_small_shards(tiny_ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mm-shards") / "out"
+    convert(str(tiny_ckpt), str(out), TARGET, ep_size=2, shard_size="100KB", writers=1)
+    return out
+
+
+# Per expert, l1 is 34816 bytes of tiles + 4 of global scale, l2 17408 + 4; a rank holds 4 experts.
+@pytest.mark.parametrize("max_memory, writers, l1_chunks, l2_chunks", [
+    ("2MiB", 1, 4, 2),  # units of 64 KiB: l1 one expert per unit, l2 three (3 + 1)
+    ("3MiB", 3, 2, 1),  # 96 KiB: l1 two experts, l2 all four
+    ("8GiB", 2, 1, 1),  # 64 MiB: one unit per leg
+])
+def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, megamoe_small_shards, tmp_path,
+                                                     max_memory, writers, l1_chunks, l2_chunks):
+    """--max-memory sizes the units (chunks of one leg's experts, FlashInfer's transform per leg): any
+    chunking and any number of writers give the folder of one unit per rank."""
+    from fimoe_convert.source import open_source
+    from fimoe_convert.targets import TargetOptions, get_target
+
+    unit_bytes = min(64 << 20, int(max_memory[:-3]) << {"MiB": 20, "GiB": 30}[max_memory[-3:]] >> 5)
+    units = get_target(TARGET).units(open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes))
+    per_rank = {leg: sum(1 for u in units if u.block == "layers.0" and u.rank == 0 and u.params["leg"] == leg)
+                for leg in ("l1", "l2")}
+    assert per_rank == {"l1": l1_chunks, "l2": l2_chunks}
+    out = tmp_path / "out"
+    convert(str(tiny_ckpt), str(out), TARGET, ep_size=2, max_memory=max_memory, writers=writers, shard_size="100KB")
+    assert folder_bytes(out) == folder_bytes(megamoe_small_shards)
+    for rank in (0, 1):
+        for block in ("layers.0", "mtp.0"):
+            for got, want in zip(load_megamoe_weights(out, block, rank), load_megamoe_weights(megamoe_out, block, rank)):
+                assert got.dtype == want.dtype and torch.equal(got, want)
+    assert verify(str(out), deep=True, samples=100)["problems"] == []
+
+
+def test_leg_transform_matches_flashinfer_public_function_with_and_without_the_helper(monkeypatch):
+    """`transform_leg` gives, per leg, the bytes of `transform_mxfp4_weights_for_mega_moe` on both legs; without
+    FlashInfer's per-leg helper it falls back to the public function with a zero partner leg."""
+    from fimoe_convert.targets import megamoe_sm90_mxfp4 as mm
+
+    g = torch.Generator().manual_seed(5)
+    e, h, i = 3, 256, 128
+    l1 = (torch.randint(0, 256, (e, 2 * i, h // 2), generator=g, dtype=torch.uint8),
+          torch.randint(122, 134, (e, 2 * i, h // 32), generator=g, dtype=torch.uint8))
+    l2 = (torch.randint(0, 256, (e, h, i // 2), generator=g, dtype=torch.uint8),
+          torch.randint(122, 134, (e, h, i // 32), generator=g, dtype=torch.uint8))
+    want = flashinfer_megamoe.transform_mxfp4_weights_for_mega_moe(l1, l2)
+    assert mm._leg_transform() is not None  # FlashInfer 0.7.4 has it
+    for helper in (True, False):
+        if not helper:
+            monkeypatch.setattr(mm, "_leg_transform", lambda: None)
+        for leg, (p, s), w in (("l1", l1, want[0]), ("l2", l2, want[1])):
+            got = mm.transform_leg(leg, p, s)
+            assert got.dtype == w.dtype and got.shape == w.shape and torch.equal(got, w), (leg, helper)
+
+
 def test_repack_is_exact_in_values(tiny_ckpt, megamoe_out):
     """Dequantizing the windowed inputs times the global scale gives the seed dequant of the source."""
     from fimoe_convert.numerics.mxfp4 import marlin_to_linear, window_scales, linear_to_marlin

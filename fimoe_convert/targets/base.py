@@ -39,6 +39,9 @@ class TargetOptions:
     device: str = "cpu"
     allow_lossy: bool = False
     params: dict = field(default_factory=dict)
+    # Output bytes per unit that a target able to split its work aims for (from --max-memory); any value
+    # gives the same output, so it is not recorded.
+    unit_bytes: int | None = None
 
     def to_json(self) -> dict:
         return {"ep_size": self.ep_size, "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}",

@@ -14,11 +14,12 @@ Two output layouts (--param scale_dtype=...):
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape
+from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape, natural_key
 from ..errors import InputError
 from ..numerics import FP4_GROUP
 from ..numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
@@ -72,7 +73,9 @@ class Fp8BlockTarget(Target):
     param_choices = {"scale_dtype": tuple(SCALE_DTYPES)}
 
     def __init__(self):
-        self._report = Fp8BlockReport()
+        # per tensor: a unit split between shards runs in each lane that writes part of it, and lanes run at once
+        self._tensors: dict[str, Fp8BlockReport] = {}
+        self._lock = threading.Lock()
 
     def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
         p = []
@@ -121,7 +124,7 @@ class Fp8BlockTarget(Target):
         return out
 
     def _account(self, name: str, r, scales: torch.Tensor, block: tuple[int, int], allow_lossy: bool) -> None:
-        rep = self._report
+        rep = Fp8BlockReport()
         n_lossy = r.lossy_tiles
         if n_lossy and not allow_lossy:
             tr, tc = (int(i) for i in r.lossy.nonzero()[0])
@@ -141,11 +144,22 @@ class Fp8BlockTarget(Target):
             rep.lossy_tensors += 1
             rep.worst_abs_err = max(rep.worst_abs_err, float(r.max_abs.max()))
             rep.worst_rel_err = max(rep.worst_rel_err, float(r.max_rel.max()))
-            for tr, tc in r.lossy.nonzero().tolist()[:max(0, MAX_EXAMPLES - len(rep.examples))]:
-                rep.examples.append(f"{name} tile ({tr}, {tc})")
+            rep.examples = [f"{name} tile ({tr}, {tc})" for tr, tc in r.lossy.nonzero().tolist()[:MAX_EXAMPLES]]
+        with self._lock:
+            self._tensors[name] = rep
 
     def report(self) -> dict:
-        return {"fp8_block": self._report.to_json()}
+        total = Fp8BlockReport()
+        for name in sorted(self._tensors, key=natural_key):
+            rep = self._tensors[name]
+            total.tensors += rep.tensors
+            total.tiles += rep.tiles
+            total.lossy_tiles += rep.lossy_tiles
+            total.lossy_tensors += rep.lossy_tensors
+            total.worst_abs_err = max(total.worst_abs_err, rep.worst_abs_err)
+            total.worst_rel_err = max(total.worst_rel_err, rep.worst_rel_err)
+            total.examples += rep.examples[:MAX_EXAMPLES - len(total.examples)]
+        return {"fp8_block": total.to_json()}
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
         rows, cols = model.weight_block_size

@@ -7,6 +7,8 @@ scale (gate and up share one). `transform_mxfp4_weights_for_mega_moe` owns the t
 from __future__ import annotations
 
 import functools
+import math
+import threading
 
 import torch
 
@@ -20,7 +22,12 @@ from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, 
 TILE = 128  # the kernel's N and K tile (elements)
 SYMM_HIDDEN_MULTIPLE = 256  # MegaMoESymmBuffer needs hidden % 256 == 0
 MAX_RANKS = 32
-SLOTS = (("l1", "weight"), ("l2", "weight"), ("l1", "global_scale"), ("l2", "global_scale"))
+LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
+# Leaf order of the object mxfp4_mega_moe takes: (l1, l2, l1_global_scales, l2_global_scales). In the file each
+# leg's weight comes before its global scale (names sort that way), so a unit's tiny scale piece waits, not its weight.
+STRUCTURE = (("l1", "weight"), ("l2", "weight"), ("l1", "weight_global_scale"), ("l2", "weight_global_scale"))
+UNIT_BYTES = 64 << 20  # output bytes per unit (a chunk of one leg's experts) when the converter gives none
+GLOBAL_SCALE_BYTES = 4  # one FP32 per expert
 
 
 class LossyRepackError(InputError):
@@ -33,15 +40,48 @@ def _transform(l1, l2):
     return transform_mxfp4_weights_for_mega_moe(l1, l2)
 
 
+@functools.cache
+def _leg_transform():
+    """FlashInfer's per-leg transform (`weights._transform_one` in 0.7.4, which its public function calls for
+    each leg), when it is there with that signature; else None."""
+    import inspect
+
+    from flashinfer.megamoe import weights
+
+    one = getattr(weights, "_transform_one", None)
+    try:
+        ok = one is not None and list(inspect.signature(one).parameters) == ["weights", "group_size", "interleave",
+                                                                             "decode_tiles"]
+    except (TypeError, ValueError):
+        ok = False
+    return one if ok else None
+
+
+def transform_leg(leg: str, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's tile layout of one leg ([E, N, K/2] Marlin-order codes and [E, N, K/32] scale bytes), the
+    bytes its public `transform_mxfp4_weights_for_mega_moe` gives for that leg. Legs are transformed apart so
+    that a unit holds one leg's chunk; without the per-leg helper, the other leg is an all-zero stand-in
+    (same bytes, twice the work)."""
+    one = _leg_transform()
+    if one is not None:
+        return one((packed, scales), 32, leg == "l1", True)
+    e, n, half_k = packed.shape
+    if leg == "l1":  # [E, 2I, H/2] pairs with l2 [E, H, I/2]
+        other = (packed.new_zeros(e, 2 * half_k, n // 4), packed.new_full((e, 2 * half_k, n // 64), 127))
+        return _transform((packed, scales), other)[0]
+    other = (packed.new_zeros(e, 4 * half_k, n // 2), packed.new_full((e, 4 * half_k, n // 32), 127))
+    return _transform(other, (packed, scales))[1]
+
+
 @functools.lru_cache(maxsize=8)
-def _tile_shapes(hidden: int, inter: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per-expert output shapes, asked of FlashInfer by transforming one all-zero expert."""
+def _tile_shapes(hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """Per-expert output shape of each leg, asked of FlashInfer by transforming one all-zero expert."""
     l1p = torch.zeros(1, 2 * inter, hidden // 2, dtype=torch.uint8)
     l1s = torch.full((1, 2 * inter, hidden // 32), 127, dtype=torch.uint8)
     l2p = torch.zeros(1, hidden, inter // 2, dtype=torch.uint8)
     l2s = torch.full((1, hidden, inter // 32), 127, dtype=torch.uint8)
     a, b = _transform((l1p, l1s), (l2p, l2s))
-    return tuple(a.shape[1:]), tuple(b.shape[1:])
+    return {"l1": tuple(a.shape[1:]), "l2": tuple(b.shape[1:])}
 
 
 def prefix(block: str, rank: int) -> str:
@@ -63,7 +103,8 @@ class MegaMoeSm90Mxfp4(Target):
     )
 
     def __init__(self):
-        self._report = WindowReport()
+        self._reports: dict[str, WindowReport] = {}
+        self._lock = threading.Lock()
 
     def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
         p = []
@@ -80,76 +121,85 @@ class MegaMoeSm90Mxfp4(Target):
         return p
 
     def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
-        s1, s2 = _tile_shapes(model.hidden_size, model.moe_intermediate_size)
+        """Per block, EP rank and leg, chunks of experts whose output is about `opts.unit_bytes`: the
+        transform is per expert, so chunks concatenate to the bytes of the whole rank at once."""
+        shapes = _tile_shapes(model.hidden_size, model.moe_intermediate_size)
         units = []
         for block in model.moe_blocks:
             for rank, (lo, hi) in enumerate(rank_ranges(model, opts)):
-                e = hi - lo
                 pre = prefix(block, rank)
-                shapes = {("l1", "weight"): ("U8", (e, *s1)), ("l2", "weight"): ("U8", (e, *s2)),
-                          ("l1", "global_scale"): ("F32", (e,)), ("l2", "global_scale"): ("F32", (e,))}
-                outs = tuple(OutTensor(f"{pre}.{leg}.{slot}", *shapes[(leg, slot)], pre, rank) for leg, slot in SLOTS)
-                ins = tuple(f"{block}.ffn.experts.{j}.{leg}.{kind}" for j in range(lo, hi)
-                            for leg in ("w1", "w2", "w3") for kind in ("weight", "scale"))
-                units.append(Unit(pre, block, rank, (lo, hi), ins, outs, {"allow_lossy": opts.allow_lossy}))
+                for leg, shape in shapes.items():
+                    per_expert = math.prod(shape) + GLOBAL_SCALE_BYTES
+                    step = max(1, (opts.unit_bytes or UNIT_BYTES) // per_expert)
+                    for a in range(lo, hi, step):
+                        b = min(hi, a + step)
+                        key = f"{pre}.{leg}.{a}-{b}"
+                        outs = (OutTensor(f"{pre}.{leg}.weight", "U8", (b - a, *shape), key, rank),
+                                OutTensor(f"{pre}.{leg}.weight_global_scale", "F32", (b - a,), key, rank))
+                        ins = tuple(f"{block}.ffn.experts.{j}.{w}.{kind}" for j in range(a, b)
+                                    for w in LEG_SOURCES[leg] for kind in ("weight", "scale"))
+                        units.append(Unit(key, block, rank, (a, b), ins, outs,
+                                          {"allow_lossy": opts.allow_lossy, "leg": leg}))
         return units
 
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        out = {}
         got = self.transform(unit, inputs, device)
+        out = {}
         for t in unit.outputs:
-            v = to_host(got[t.name.removeprefix(unit.key + ".")])
+            v = to_host(got[t.name])
             if tuple(v.shape) != t.shape:
                 raise AssertionError(f"{t.name}: FlashInfer returned shape {tuple(v.shape)}, planned {t.shape}")
             out[t.name] = v
         return out
 
     def transform(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        """The unit's kernel-ready tensors on `device` ("l1.weight", "l2.weight", "l1.global_scale",
-        "l2.global_scale"): what a server would otherwise compute at load time."""
+        """The unit's kernel-ready rows on `device`, by output name (its leg's `weight` and
+        `weight_global_scale`): what a server would otherwise compute at load time."""
         lo, hi = unit.experts
+        leg = unit.params["leg"]
         check_scales(inputs)
 
-        def stack(leg, kind):
-            return torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{leg}.{kind}"].view(torch.uint8)
-                                .to(device, non_blocking=True) for j in range(lo, hi)])
+        def stack(kind):
+            per_source = [torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{w}.{kind}"].view(torch.uint8)
+                                       .to(device, non_blocking=True) for j in range(lo, hi)])
+                          for w in LEG_SOURCES[leg]]
+            return per_source[0] if len(per_source) == 1 else torch.cat(per_source, dim=1)
 
-        l1p = torch.cat([stack("w1", "weight"), stack("w3", "weight")], dim=1)  # gate rows, then up rows
-        l1s = torch.cat([stack("w1", "scale"), stack("w3", "scale")], dim=1)
-        l2p, l2s = stack("w2", "weight"), stack("w2", "scale")
-        legs = {}
-        for leg, (p, s) in (("l1", (l1p, l1s)), ("l2", (l2p, l2s))):
-            newp, news, g, rep, bad = window_scales(p, s, unit.params["allow_lossy"])
-            if bad and not unit.params["allow_lossy"]:
-                which = ", ".join(str(lo + b) for b in bad[:8])
-                raise LossyRepackError(
-                    f"{unit.block} experts {which} ({'gate/up' if leg == 'l1' else 'down'}): scale bytes span more than "
-                    f"the 12 exponents the SM90 MXFP4 decoder keeps exact, so the repack would be lossy; "
-                    f"run again with --allow-lossy --overwrite to convert and report the error, or use --target bf16")
-            if rep.clamped_groups:  # measured on the lossy experts only
-                before = dequant_fp4_to_bf16(p[bad], s[bad]).float()
-                after = dequant_fp4_to_bf16(newp[bad], news[bad]).float() * torch.exp2(g[bad].float()).view(-1, 1, 1)
-                err = (after - before).flatten(1).norm(dim=1) / before.flatten(1).norm(dim=1).clamp_min(1e-30)
-                rep.worst_rel_l2 = float(err.max())
-            self._report.merge(rep)
-            legs[leg] = (linear_to_marlin(newp), news, torch.exp2(g.float()))
-        l1, l2 = _transform(legs["l1"][:2], legs["l2"][:2])
-        return {"l1.weight": l1, "l2.weight": l2, "l1.global_scale": legs["l1"][2], "l2.global_scale": legs["l2"][2]}
+        p, s = stack("weight"), stack("scale")
+        newp, news, g, rep, bad = window_scales(p, s, unit.params["allow_lossy"])
+        if bad and not unit.params["allow_lossy"]:
+            which = ", ".join(str(lo + b) for b in bad[:8])
+            raise LossyRepackError(
+                f"{unit.block} experts {which} ({'gate/up' if leg == 'l1' else 'down'}): scale bytes span more than "
+                f"the 12 exponents the SM90 MXFP4 decoder keeps exact, so the repack would be lossy; "
+                f"run again with --allow-lossy --overwrite to convert and report the error, or use --target bf16")
+        if rep.clamped_groups:  # measured on the lossy experts only
+            before = dequant_fp4_to_bf16(p[bad], s[bad]).float()
+            after = dequant_fp4_to_bf16(newp[bad], news[bad]).float() * torch.exp2(g[bad].float()).view(-1, 1, 1)
+            err = (after - before).flatten(1).norm(dim=1) / before.flatten(1).norm(dim=1).clamp_min(1e-30)
+            rep.worst_rel_l2 = float(err.max())
+        with self._lock:  # by unit: lanes convert at once, and a unit split between shards runs in each
+            self._reports[unit.key] = rep
+        pre = prefix(unit.block, unit.rank)
+        return {f"{pre}.{leg}.weight": transform_leg(leg, linear_to_marlin(newp), news),
+                f"{pre}.{leg}.weight_global_scale": torch.exp2(g.float())}
 
     def report(self) -> dict:
-        r = self._report
+        r = WindowReport()
+        for rep in self._reports.values():
+            r.merge(rep)
         return {"mxfp4_window": {"groups": r.groups, "clamped_groups": r.clamped_groups,
                                  "lossy_experts": r.lossy_experts, "worst_rel_l2": r.worst_rel_l2}}
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
+        shapes = _tile_shapes(model.hidden_size, model.moe_intermediate_size)
         rec: dict[str, dict] = {}
-        for u in units:
-            leaves = [{"tensor": t.name, "dtype": "uint8" if t.dtype == "U8" else "float32", "shape": list(t.shape)}
-                      for t in u.outputs]
-            rec.setdefault(u.block, {})[str(u.rank)] = {
-                "experts": list(u.experts),
-                "structure": {"tuple": leaves},  # (l1, l2, l1_global_scales, l2_global_scales)
-            }
+        for block in model.moe_blocks:
+            for rank, (lo, hi) in enumerate(rank_ranges(model, opts)):
+                pre, e = prefix(block, rank), hi - lo
+                leaves = [{"tensor": f"{pre}.{leg}.{slot}", "dtype": "uint8" if slot == "weight" else "float32",
+                           "shape": [e, *shapes[leg]] if slot == "weight" else [e]} for leg, slot in STRUCTURE]
+                rec.setdefault(block, {})[str(rank)] = {"experts": [lo, hi], "structure": {"tuple": leaves}}
         return rec
 
     def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
