@@ -3,7 +3,8 @@
 #   call 1: carry [".carry1"] (cu13.tar.xz, the cutlass-DSL cu13 libs, xz)    -> bash scripts/h200_moe_ep.sh stage1
 #   call 2: carry [".carry2"] (flashinfer tree + cutlass-DSL/tvm-ffi wheels)  -> bash scripts/h200_moe_ep.sh stage2
 # Stage 1 unpacks into /tmp/S, which stays on the machine while it is warm; stage 2 adds the rest, then
-# runs the moe_ep checks, one moe_ep SM90 kernel on converted weights and bench_load.
+# runs the moe_ep checks, one moe_ep SM90 kernel on converted weights and bench_load
+# (`stage2 load`: bench_load only; `stage2 checks`: the checks only).
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 S=/tmp/S
@@ -34,6 +35,7 @@ r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T)" | tee -a "$L"; loc
 rm -rf /tmp/k /tmp/o_*
 python3 -c "from fimoe_convert.testing import make_checkpoint; make_checkpoint('/tmp/k', 'tiny', layers=2, hash_layers=1, mtp=1, extreme_scales=False)"
 python3 -c 'import torch; from fimoe_convert.convert import resolve_device; print("convert device auto ->", resolve_device("auto"), torch.cuda.get_device_name())' | tee -a "$L"
+[ "$2" = load ] && { r 120 python3 scripts/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl; exit 0; }
 r 120 python3 tests/moe_ep_check.py sm90_fp8_fp8_bf16_pull_cutedsl /tmp/k /tmp/o_fp8 fp8_scale_mode=blockwise
 [ "$2" = nvfp4 ] && r 150 python3 tests/moe_ep_check.py --arch 10.0 sm100_nvfp4_nvfp4_bf16_cutedsl /tmp/k /tmp/o_nv
 [ "$2" = checks ] && exit 0
