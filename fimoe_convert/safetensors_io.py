@@ -177,8 +177,9 @@ def read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu
     """Tensors `names` of one safetensors file, typed and shaped from its header, on `device`.
 
     All of them are read into one host buffer with parallel positional reads (pinned when `device` is
-    CUDA, then one non-blocking copy to it): a load is bound by how fast bytes arrive, and a single
-    reader thread leaves most of the page cache's and the disk's bandwidth unused."""
+    CUDA, each chunk then copied to it without waiting, on the caller's stream): a load is bound by how
+    fast bytes arrive, and a single reader thread leaves most of the page cache's and the disk's
+    bandwidth unused."""
     path = Path(path)
     header = read_header(path)
     missing = [n for n in names if n not in header.tensors]
@@ -191,6 +192,8 @@ def read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu
         total += -(-info.nbytes // TENSOR_ALIGN) * TENSOR_ALIGN
     cuda = torch.device(device).type == "cuda"
     buf = torch.empty(total, dtype=torch.uint8, pin_memory=cuda)
+    dev = torch.empty(total, dtype=torch.uint8, device=device) if cuda else buf
+    stream = torch.cuda.current_stream(dev.device) if cuda else None  # the caller's, which will use the tensors
     jobs = [(info, place + off, min(READ_CHUNK, info.nbytes - off), off)
             for info, place in zip(infos, places) for off in range(0, info.nbytes, READ_CHUNK)]
     view = memoryview(buf.numpy()) if total else memoryview(b"")
@@ -198,6 +201,9 @@ def read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu
     def read(job) -> None:
         info, at, n, off = job
         _pread_exact(fd, view[at:at + n], path, info, off)
+        if cuda:  # each chunk goes on to the device as soon as it has arrived, while others are read
+            with torch.cuda.stream(stream):
+                dev[at:at + n].copy_(buf[at:at + n], non_blocking=True)
 
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -213,8 +219,7 @@ def read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu
         raise InputError(f"{path}: cannot read ({e.strerror}); the file changed while being read") from None
     finally:
         os.close(fd)
-    on_device = buf.to(device, non_blocking=True) if cuda else buf
-    return {info.name: as_typed(on_device[place:place + info.nbytes], info.dtype, info.shape)
+    return {info.name: as_typed(dev[place:place + info.nbytes], info.dtype, info.shape)
             for info, place in zip(infos, places)}
 
 

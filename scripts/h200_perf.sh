@@ -2,7 +2,7 @@
 # Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
 # (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
 # Steps (default: the first eight): gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big
-# convert-megamoe convert-megamoe-big memory; also convert-megamoe-huge (40 layers, ~11 GB) load-megamoe;
+# convert-megamoe convert-megamoe-big memory; also convert-megamoe-huge (40 layers, ~11 GB) load-megamoe load-megamoe-big (64 experts);
 # diagnostics: diag startup profile (py-spy, carry [".fi-bundle", ".carry-tools"]).
 # Everything printed also goes to $OUT/log.txt.
 set -o pipefail
@@ -38,6 +38,7 @@ for step in $steps; do
     convert-megamoe-huge) r 400 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 40 --shard-size 2GB ;;
     memory) r 150 python3 scripts/bench_memory.py --device cuda ;;
     load-megamoe) r 120 python3 scripts/bench_load.py --device cuda --target megamoe_sm90_mxfp4 ;;
+    load-megamoe-big) r 200 python3 scripts/bench_load.py --device cuda --target megamoe_sm90_mxfp4 --experts 64 ;;
     diag) r 120 python3 scripts/diag_cuda_unit.py ;;
     startup) r 60 python3 -c 'import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.zeros(1, device="cuda"); b=time.perf_counter(); import fimoe_convert.cli; c=time.perf_counter(); import flashinfer.megamoe; d=time.perf_counter(); print(f"import torch {a-t:.2f} s, CUDA context {b-a:.2f} s, import fimoe_convert.cli {c-b:.2f} s, import flashinfer.megamoe {d-c:.2f} s")' ;;
     profile)  # py-spy (carried in .carry-tools/) over one bf16 and one megamoe conversion, every thread

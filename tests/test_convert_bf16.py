@@ -1,6 +1,7 @@
 """End-to-end BF16 conversion: bit-exact experts, byte-identical copies, manifest, verify, resume,
 determinism, refusals."""
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -85,7 +86,8 @@ def test_manifest_records_everything(tiny_ckpt, bf16_out):
     assert m["target"]["name"] == "bf16"
     src_files = {p.name for p in tiny_ckpt.iterdir()}
     assert set(m["source"]["files"]) == src_files
-    assert all(len(v["sha256"]) == 64 for v in m["source"]["files"].values())
+    assert {k: v["sha256"] for k, v in m["source"]["files"].items()} == {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tiny_ckpt.iterdir()}
     out_files = {p.name for p in bf16_out.iterdir()} - {MANIFEST_NAME}
     assert set(m["files"]) == out_files
     assert set(m["status"].values()) == {"written"}

@@ -539,3 +539,26 @@ def test_verify_detects_single_byte_flips(tmp_path):
     """The CI version of scripts/flip_bytes.py: 10 random single-byte flips across output shards."""
     r = _script("flip_bytes").flip_campaign(10, seed=1, workdir=tmp_path, log=lambda *a: None)
     assert r["detected"] == 10 and r["missed"] == [] and r["restored_ok"]
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, monkeypatch, cores):
+    """The manifest's source hashes run on several threads (one per 4 cores); a file that cannot be read
+    then is reported by name, not as a bare OSError."""
+    from fimoe_convert.convert import _InputHasher
+    from fimoe_convert.source import open_source
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    src = tmp_path / "src"
+    shutil.copytree(tiny_ckpt, src)
+    source = open_source(str(src))
+    files = source.input_files()
+    hasher = _InputHasher(source, files)
+    assert len(hasher.threads) == max(1, cores // 4)
+    assert hasher.result() == {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in files}
+    source = open_source(str(src))
+    gone = sorted(p for p in files if p.endswith(".safetensors"))[0]
+    (src / gone).unlink()
+    with pytest.raises(FimoeError, match=rf"{re.escape(str(src / gone))}: cannot read it to record its sha256 \(No such "
+                                         r"file or directory\); the source changed during the conversion"):
+        _InputHasher(source, files).result()
