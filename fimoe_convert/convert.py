@@ -222,14 +222,28 @@ class _Stopped(Exception):
 _END = object()
 
 
+class _ShardQueue:
+    """The shards still to write, handed to whichever lane's reader asks first, so that lanes end together
+    however the shards' sizes fall (a fixed split left some lanes with twice the bytes of others)."""
+
+    def __init__(self, shards: list[OutShard]):
+        self.shards = list(shards)
+        self.lock = threading.Lock()
+
+    def take(self) -> OutShard | None:
+        with self.lock:
+            return self.shards.pop(0) if self.shards else None
+
+
 class _Producer:
     """Two background threads feeding the writer, in the writer's order: a reader (source bytes into host
     memory, pinned for a GPU) and a converter (the target's transform). One byte budget covers everything
     between reading and writing, so reading, host-to-device copies, compute, device-to-host copies and
     writing overlap within it. On CUDA the converter does not wait for its device-to-host copies: each
-    unit's results carry an event that the writer waits on."""
+    unit's results carry an event that the writer waits on. The reader takes its lane's next shard from the
+    queue shared by all lanes when it starts reading for it."""
 
-    def __init__(self, plan: Plan, shards: list[OutShard], source: Source, target: Target, device: str,
+    def __init__(self, plan: Plan, shards: _ShardQueue, source: Source, target: Target, device: str,
                  budget: int):
         self.plan, self.shards, self.source, self.target, self.device = plan, shards, source, target, device
         self.budget = _Budget(budget)
@@ -270,21 +284,21 @@ class _Producer:
             except _Stopped:
                 pass
 
-    def _pieces(self) -> list[tuple[str, OutTensor, str | None, bool]]:
-        """This lane's write order: (shard file, tensor, unit writing this piece of it or None for a copy,
+    @staticmethod
+    def _pieces(shard: OutShard) -> list[tuple[str, OutTensor, str | None, bool]]:
+        """The shard's write order: (shard file, tensor, unit writing this piece of it or None for a copy,
         last piece of the tensor)."""
         seq = []
-        for shard in self.shards:
-            for t in shard.tensors:
-                units = t.producers
-                if not units:
-                    seq.append((shard.filename, t, None, True))
-                seq += [(shard.filename, t, k, p == len(units) - 1) for p, k in enumerate(units)]
+        for t in shard.tensors:
+            units = t.producers
+            if not units:
+                seq.append((shard.filename, t, None, True))
+            seq += [(shard.filename, t, k, p == len(units) - 1) for p, k in enumerate(units)]
         return seq
 
     def _schedule(self, seq: list[tuple]) -> tuple[dict[int, list[tuple[str, bool]]], set[int]]:
         """Where each unit runs: a run serves a stretch of consecutive pieces of its unit, plus that unit's
-        small pieces (<= KEEP_MAX bytes) further on in this lane, which it keeps until they are written. A
+        small pieces (<= KEEP_MAX bytes) further on in the shard, which it keeps until they are written. A
         larger piece further on gets a run of its own, since holding it could starve the budget.
         Returns {index of a run's first piece: [(tensor name, kept)]} and the indices of kept pieces."""
         runs: dict[int, list[tuple[str, bool]]] = {}
@@ -305,10 +319,16 @@ class _Producer:
         return runs, kept
 
     def _reads(self) -> Iterator[tuple]:
-        """("copy", shard file, tensor, bytes, last) blocks of copied tensors; ("run", unit, inputs, wanted,
-        bytes held) where a unit runs (`_schedule`); ("out", shard file, tensor, unit, last, kept) per piece."""
+        """Per shard taken from the queue: ("shard", shard), then ("copy", shard file, tensor, bytes, last)
+        blocks of copied tensors, ("run", unit, inputs, wanted, bytes held) where a unit runs (`_schedule`),
+        and ("out", shard file, tensor, unit, last, kept) per piece."""
+        for shard in iter(self.shards.take, None):
+            yield ("shard", shard)
+            yield from self._shard_reads(shard)
+
+    def _shard_reads(self, shard: OutShard) -> Iterator[tuple]:
         pin = self.device == "cuda"
-        seq = self._pieces()
+        seq = self._pieces(shard)
         runs, kept = self._schedule(seq)
         for i, (fname, t, k, last) in enumerate(seq):
             if k is None:  # byte-for-byte copy, streamed in blocks
@@ -333,12 +353,15 @@ class _Producer:
                 yield ("run", unit, inputs, wanted, held)
             yield ("out", fname, t, k, last, i in kept)
 
-    def _converted(self) -> Iterator[tuple]:
-        """(shard file, tensor, data, last, event or None, budgeted) in the writer's order."""
+    def _converted(self) -> Iterator:
+        """Each shard (an OutShard), then its (shard file, tensor, data, last, event or None, budgeted), in the
+        writer's order."""
         results: dict[tuple[str, str], torch.Tensor] = {}
         event = None
         for item in _drain(self.inq):
-            if item[0] == "copy":
+            if item[0] == "shard":
+                yield item[1]
+            elif item[0] == "copy":
                 yield (*item[1:], None, True)
             elif item[0] == "run":
                 _, unit, inputs, wanted, held = item
@@ -358,11 +381,15 @@ class _Producer:
                 _, fname, t, k, last, keep = item
                 yield (fname, t, results.pop((k, t.name)), last, event, not keep)
 
-    def items(self) -> Iterator[tuple]:
-        """(shard file, tensor, CPU data, last) for the writer, once the data is on the host; the data's bytes
-        leave the budget when the writer asks for the next item, before waiting for it (holding them while
-        waiting could starve the reader of budget)."""
-        for fname, t, data, last, event, budgeted in _drain(self.q):
+    def items(self) -> Iterator:
+        """For the writer: each shard (an OutShard), then its (shard file, tensor, CPU data, last), once the data
+        is on the host; the data's bytes leave the budget when the writer asks for the next item, before waiting
+        for it (holding them while waiting could starve the reader of budget)."""
+        for item in _drain(self.q):
+            if isinstance(item, OutShard):
+                yield item
+                continue
+            fname, t, data, last, event, budgeted = item
             if event is not None:
                 t0 = time.perf_counter()
                 event.synchronize()
@@ -456,11 +483,17 @@ def _lane_count(writers: int | None, shards: int, memory_bytes: int, lane_budget
 
 def _write_lane(producer: "_Producer", out_dir: Path, timings: dict, lock: threading.Lock,
                 wrote: Callable[[int], None], written: Callable) -> None:
-    """Write `producer.shards` in order, each through a ShardWriter (temp name, fsync, rename)."""
+    """Write the shards `producer` took, in order, each through a ShardWriter (temp name, fsync, rename)."""
     items = producer.items()
     wait = busy = 0.0
     try:
-        for shard in producer.shards:
+        while True:
+            t1 = time.perf_counter()
+            shard = next(items, None)
+            wait += time.perf_counter() - t1
+            if shard is None:
+                return
+            assert isinstance(shard, OutShard), shard
             planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
             with ShardWriter(out_dir / shard.filename, planned) as writer:
                 for t in shard.tensors:
@@ -691,7 +724,8 @@ def convert(
             if progress:
                 progress(done, write_total)
 
-    producers = [_Producer(plan, todo[i::lanes], source, tgt, dev, budget) for i in range(lanes)]
+    queue = _ShardQueue(todo)
+    producers = [_Producer(plan, queue, source, tgt, dev, budget) for _ in range(lanes)]
     with contextlib.ExitStack() as stack:
         for p in producers:
             stack.enter_context(p)

@@ -29,8 +29,8 @@ def schedule(units, order, small):
     merged = {t.name: t for t in merge_outputs(units)}
     shard = OutShard("s", tuple(merged[n] for n in order), 0)
     plan = Plan((shard,), plan_units, 0)
-    fake = SimpleNamespace(plan=plan, shards=[shard])
-    seq = _Producer._pieces(fake)
+    fake = SimpleNamespace(plan=plan)
+    seq = _Producer._pieces(shard)
     runs, kept = _Producer._schedule(fake, seq)
     return [(seq[i][2], names) for i, names in sorted(runs.items())], sorted((seq[i][1].name, seq[i][2]) for i in kept)
 
