@@ -2,7 +2,7 @@
 # Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
 # (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
 # Steps (default: the first eight): gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big
-# convert-megamoe convert-megamoe-big memory; also convert-bf16-big-shards (12 layers, 2GB shards) convert-megamoe-huge (40 layers, ~11 GB) load-megamoe load-megamoe-big (64 experts);
+# convert-megamoe convert-megamoe-big memory; also convert-bf16-big-shards (12 layers, 2GB shards) convert-bf16-huge (24 layers, ~21 GB) convert-megamoe-huge (40 layers, ~11 GB) load-megamoe load-megamoe-big (64 experts);
 # diagnostics: diag startup profile (py-spy, carry [".fi-bundle", ".carry-tools"]).
 # Everything printed also goes to $OUT/log.txt.
 set -o pipefail
@@ -32,6 +32,7 @@ for step in $steps; do
     decode) r 200 python3 scripts/bench_decode.py --device cuda --sweep ;;
     convert-bf16) r 120 python3 scripts/bench_convert.py --target bf16 --device cuda ;;
     convert-bf16-big) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 ;;
+    convert-bf16-huge) r 300 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 24 ;;
     convert-bf16-big-shards) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 --shard-size 2GB ;;
     convert-bf16-shards) r 150 python3 scripts/bench_convert.py --target bf16 --device cuda --shard-size 1GB ;;
     convert-megamoe) r 120 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
