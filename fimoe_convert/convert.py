@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
+import math
 import os
 import shutil
 import threading
@@ -415,11 +416,11 @@ def _drain(q: _Queue) -> Iterator:
 
 
 class _InputHasher:
-    """sha256 of input files for the manifest, on daemon threads beside the conversion, several files at once:
-    one sha256 runs at 1.2 GB/s on the H200 host, so a single thread finished long after a conversion that
-    writes as many bytes as it reads. (A Hub snapshot's blobs are named by their sha256: nothing is read.)"""
+    """sha256 of input files for the manifest, on `threads` daemon threads beside the conversion: one sha256
+    runs at 1.2 GB/s on the H200 host, so a single thread finished long after a conversion that writes as many
+    bytes as it reads. (A Hub snapshot's blobs are named by their sha256: nothing is read.)"""
 
-    def __init__(self, source: Source, files: list[str]):
+    def __init__(self, source: Source, files: list[str], threads: int):
         self.hashes: dict[str, str | None] = {}
         self.errors: list[BaseException] = []
         todo = sorted(files, key=lambda rel: -_size_or_zero(source.root / rel))  # largest first: the threads end together
@@ -444,7 +445,7 @@ class _InputHasher:
                 with lock:
                     self.hashes[rel] = sha
 
-        n = min(len(todo), max(1, (os.cpu_count() or 1) // 4))
+        n = min(len(todo), max(1, threads))
         self.threads = [threading.Thread(target=work, name=f"fimoe-hash{i}", daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
@@ -695,7 +696,6 @@ def convert(
         write_manifest(out_dir, manifest)
     group.barrier()
 
-    hasher = _InputHasher(source, source.input_files() if group.rank == 0 else [])
     todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
     write_total = sum(s.nbytes for s in todo)
     result.bytes_written = write_total
@@ -703,6 +703,9 @@ def convert(
 
     budget = _lane_budget(memory_bytes, biggest_unit)
     lanes = _lane_count(writers, len(todo), memory_bytes, budget)
+    # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
+    hash_threads = min(max(1, (os.cpu_count() or 1) // 4), math.ceil(lanes * plan.read_bytes / max(write_total, 1)))
+    hasher = _InputHasher(source, source.input_files() if group.rank == 0 else [], hash_threads)
     timings = {"start": time.perf_counter() - t0, "wait_for_data": 0.0, "write": 0.0}
     lock = threading.Lock()
     done = 0

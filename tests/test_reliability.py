@@ -541,24 +541,40 @@ def test_verify_detects_single_byte_flips(tmp_path):
     assert r["detected"] == 10 and r["missed"] == [] and r["restored_ok"]
 
 
-@pytest.mark.parametrize("cores", [2, 16])
-def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, monkeypatch, cores):
-    """The manifest's source hashes run on several threads (one per 4 cores); a file that cannot be read
-    then is reported by name, not as a bare OSError."""
+@pytest.mark.parametrize("threads", [1, 3])
+def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, threads):
+    """The manifest's source hashes run on several threads; a file that cannot be read then is reported by
+    name, not as a bare OSError."""
     from fimoe_convert.convert import _InputHasher
     from fimoe_convert.source import open_source
 
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)
     source = open_source(str(src))
     files = source.input_files()
-    hasher = _InputHasher(source, files)
-    assert len(hasher.threads) == max(1, cores // 4)
+    hasher = _InputHasher(source, files, threads)
+    assert len(hasher.threads) == threads
     assert hasher.result() == {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in files}
     source = open_source(str(src))
     gone = sorted(p for p in files if p.endswith(".safetensors"))[0]
     (src / gone).unlink()
     with pytest.raises(FimoeError, match=rf"{re.escape(str(src / gone))}: cannot read it to record its sha256 \(No such "
                                          r"file or directory\); the source changed during the conversion"):
-        _InputHasher(source, files).result()
+        _InputHasher(source, files, threads).result()
+
+
+@pytest.mark.parametrize("target, cores, writers, threads", [
+    ("bf16", 16, 4, 2),  # output 3.3x the input: the input needs fewer hashers than the lanes
+    ("megamoe_sm90_mxfp4", 16, 4, 4),  # output the size of the input: one per lane
+    ("megamoe_sm90_mxfp4", 2, 4, 1),  # at most one per 4 cores
+])
+def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_path, monkeypatch, target, cores,
+                                                                 writers, threads):
+    import fimoe_convert.convert as conv
+
+    seen = []
+    real = conv._InputHasher
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(conv, "_InputHasher", lambda source, files, n: seen.append(n) or real(source, files, n))
+    conv.convert(str(tiny_ckpt), str(tmp_path / "out"), target, shard_size="200KB", writers=writers)
+    assert seen == [threads]
