@@ -81,7 +81,8 @@ class Source:
         return sorted(names)
 
     def file_record(self, rel: str, compute_hash: bool = True) -> FileRecord:
-        """Size and sha256 of an input file; Hub blobs are named by their sha256, so no hashing."""
+        """Size and sha256 of an input file. No hashing for a Hub cache blob (named by its sha256) or a file that
+        `hf download --local-dir` recorded and that has not changed since."""
         path = self.root / rel
         size = path.stat().st_size
         sha = self._known_sha.get(rel)
@@ -89,6 +90,8 @@ class Source:
             target = Path(os.readlink(path)).name
             if _SHA256_RE.match(target):
                 sha = target
+        if sha is None:
+            sha = local_dir_sha256(self.root, rel)
         if sha is None and compute_hash:
             sha = sha256_file(path)
             self._known_sha[rel] = sha
@@ -97,6 +100,24 @@ class Source:
     @property
     def total_bytes(self) -> int:
         return sum(h.file_size for h in self.headers.values())
+
+
+# What `hf download --local-dir` leaves beside each file: commit, etag (an LFS file's sha256), download time.
+LOCAL_DIR_METADATA = ".cache/huggingface/download/{rel}.metadata"
+
+
+def local_dir_sha256(root: Path, rel: str) -> str | None:
+    """The sha256 huggingface_hub recorded when it downloaded `rel` into the folder `root` (`--local-dir`), if the
+    file has not changed since (huggingface_hub's own rule: mtime at most 1 s past the recorded time); else None.
+    Read here without huggingface_hub's reader, which takes a lock file and deletes bad metadata: SRC is only read."""
+    meta = root / LOCAL_DIR_METADATA.format(rel=rel)
+    try:
+        lines = meta.read_text().splitlines()
+        etag, stamp = lines[1].strip(), float(lines[2])
+        fresh = (root / rel).stat().st_mtime - 1 <= stamp
+    except (OSError, IndexError, ValueError):
+        return None
+    return etag if fresh and _SHA256_RE.match(etag) else None
 
 
 def _is_repo_id(spec: str) -> bool:
