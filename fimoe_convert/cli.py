@@ -107,8 +107,9 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
         bar.update(done - bar.n)
 
     ctx = click.get_current_context()
-    shown = [f"--{k.replace('_', '-')} {v}" for k, v in ctx.params.items()
-             if k in ("target", "revision", "ep_size", "arch", "shard_size") and v != _default(ctx, k)]
+    # in a fixed order: the card's bytes must not depend on the order the flags were typed in
+    shown = [f"--{k.replace('_', '-')} {ctx.params[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
+             if ctx.params[k] != _default(ctx, k)]
     command = " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if allow_lossy else []),
                         *[f"--param {k}={v}" for k, v in sorted(params.items())]])
     try:

@@ -710,9 +710,21 @@ def convert(
     lock = threading.Lock()
     done = 0
 
+    # Each unit's report goes with the shard that holds its first output: kept with the shard's record, it
+    # survives an interruption, and a resumed run reports the units of the shards it kept.
+    first_units: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for planned in plan.shards:
+        for t in planned.tensors:
+            for k in t.producers:
+                if k not in seen:
+                    seen.add(k)
+                    first_units.setdefault(planned.filename, []).append(k)
+
     def written(shard: OutShard, rec) -> None:
+        part = tgt.report(first_units.get(shard.filename, []))
         with lock:
-            mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256}
+            mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256, **({"report": part} if part else {})}
             if group.world == 1:
                 manifest["files"][shard.filename] = mine[shard.filename]
                 manifest["status"][shard.filename] = "written"
@@ -763,7 +775,7 @@ def convert(
     if changed:
         raise InputError(f"--resume: the sha256 of {', '.join(changed)} differs from when {out_dir} was started; "
                          "run again with --overwrite")
-    manifest["report"] = tgt.report() if hasattr(tgt, "report") else {}
+    manifest["report"] = tgt.merge_reports([manifest["files"][s.filename].pop("report", {}) for s in plan.shards])
     write_text(out_dir / "README.md", model_card(manifest, command=command))
     for rel in [INDEX_NAME, "config.json", "README.md", *[r for r in source.extra_files if r != "README.md"]]:
         manifest["files"][rel] = file_record(out_dir / rel)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Crash-resume check: SIGKILL the real CLI at random points, then `--resume`, compare byte for byte.
 
-    python3 scripts/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB]
+    python3 scripts/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB] [--target bf16]
+                                    [--writers N]
     python3 scripts/crash_resume.py --enospc-tmpfs [--workdir DIR]   # a real disk-full run, prints JSON
 
 Makes a multi-shard tiny fixture, does one uninterrupted reference conversion
@@ -65,8 +66,8 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
-def cli_args(src: Path, out: Path, shard_size: str, *extra: str) -> list[str]:
-    return [str(src), str(out), "--shard-size", shard_size, "--device", "cpu", "-q", *extra]
+def cli_args(src: Path, out: Path, shard_size: str, *extra: str, convert_opts: tuple[str, ...] = ()) -> list[str]:
+    return [str(src), str(out), "--shard-size", shard_size, "--device", "cpu", "-q", *convert_opts, *extra]
 
 
 def run_cli(args: list[str], in_process: bool) -> tuple[int, str]:
@@ -210,8 +211,10 @@ def make_fixture(work: Path) -> Path:
 
 
 def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_size: str = "1MB",
-             modes: tuple[str, ...] = MODES, in_process: bool = False, log=print) -> dict:
-    """Run the kill/resume loop; returns the counts (and every kill's record under 'kills')."""
+             modes: tuple[str, ...] = MODES, in_process: bool = False, log=print,
+             convert_opts: tuple[str, ...] = ()) -> dict:
+    """Run the kill/resume loop; returns the counts (and every kill's record under 'kills'). `convert_opts`:
+    more CLI options for every run (`--target`, `--writers`, ...)."""
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="fimoe-crash-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -221,7 +224,7 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
         ref = work / "reference"
         shutil.rmtree(ref, ignore_errors=True)
         t0 = time.monotonic()
-        code, err = run_cli(cli_args(src, ref, shard_size), in_process)
+        code, err = run_cli(cli_args(src, ref, shard_size, convert_opts=convert_opts), in_process)
         ref_seconds = time.monotonic() - t0
         if code != 0:
             raise SystemExit(f"reference conversion failed ({code}): {err}")
@@ -239,7 +242,7 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
         out = work / "out"
         for i, mode in enumerate(plan):
             shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size)],
+            proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size, convert_opts=convert_opts)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env())
             try:
                 _wait_for_kill_point(proc, mode, rng, src, out, ref_seconds if not in_process else 4.0, n_shards)
@@ -263,7 +266,7 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
                 raise SystemExit(f"kill {i}: the conversion failed on its own ({proc.returncode}): {stderr.decode()}")
             torn, verified, early, problems, _ = check_torn(out)
             rec = Kill(i, mode, phase, torn, verified, early, problems)
-            code, err = run_cli(cli_args(src, out, shard_size, "--resume"), in_process)
+            code, err = run_cli(cli_args(src, out, shard_size, "--resume", convert_opts=convert_opts), in_process)
             if code != 0:
                 rec.problems.append(f"--resume exited {code}: {err.strip()[-400:]}")
             else:
@@ -369,6 +372,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--shard-size", default="1MB")
+    ap.add_argument("--target", default="bf16")
+    ap.add_argument("--writers", type=int, default=None, help="shards written at once (default: the CLI's)")
     ap.add_argument("--enospc-tmpfs", action="store_true",
                     help="instead: a real disk-full run on a small tmpfs (needs unshare -m and mount; prints JSON)")
     args = ap.parse_args()
@@ -388,7 +393,8 @@ def main() -> int:
         print(json.dumps(enospc_on_tmpfs(work, args.shard_size)))
         return 0
     t0 = time.monotonic()
-    c = campaign(args.kills, args.seed, args.workdir, args.shard_size)
+    opts = ("--target", args.target, *(("--writers", str(args.writers)) if args.writers else ()))
+    c = campaign(args.kills, args.seed, args.workdir, args.shard_size, convert_opts=opts)
     print(summary(c))
     print(f"seed {args.seed}, {time.monotonic() - t0:.0f} s")
     for p in c["problems"]:

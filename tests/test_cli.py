@@ -27,6 +27,15 @@ def test_convert_then_verify_json(tiny_ckpt, tmp_path):
     assert f"fimoe-convert {tiny_ckpt} OUT\n" in card
 
 
+def test_the_flags_order_does_not_change_the_output(tiny_ckpt, tmp_path):
+    """The model card shows the command with its flags in one order, whatever order they were typed in."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run(str(tiny_ckpt), str(a), "--shard-size", "3MB", "--ep-size", "2", "--target", "fp8_block", "-q").exit_code == 0
+    assert run(str(tiny_ckpt), str(b), "--target", "fp8_block", "--ep-size", "2", "--shard-size", "3MB", "-q").exit_code == 0
+    assert f"fimoe-convert {tiny_ckpt} OUT --target fp8_block --ep-size 2 --shard-size 3MB\n" in (a / "README.md").read_text()
+    assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}
+
+
 def test_dry_run_prints_plan(tiny_ckpt, tmp_path):
     r = run(str(tiny_ckpt), str(tmp_path / "out"), "--dry-run", "--shard-size", "3MB", "--device", "cpu")
     assert r.exit_code == 0

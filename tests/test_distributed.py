@@ -47,6 +47,21 @@ def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
     assert folder(out) == folder(reference)
 
 
+def test_two_ranks_report_every_unit(tmp_path):
+    """Each rank's shards carry the reports of their units: the report of a 2-rank launch is the report of one
+    process (it was rank 0's units only before)."""
+    from fimoe_convert.testing import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "src", "lossy-fp8")
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ("--target", "fp8_block", "--allow-lossy", "--shard-size", "1MB")  # a shard per rank
+    subprocess.run([sys.executable, "-m", "fimoe_convert", str(src), str(one), "-q", *args], check=True)
+    r = subprocess.run(torchrun(src, two, *args), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_manifest(two)["report"]["fp8_block"]["tensors"] == 2 * 4 * 3
+    assert folder(two) == folder(one)
+
+
 def start_and_kill(src, out, kill) -> None:
     """Start a 2-rank launch, wait until a rank has finished a shard, then `kill(launcher)`. Retried when
     the tiny conversion finished before the kill landed (then there is nothing to resume)."""

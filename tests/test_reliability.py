@@ -578,3 +578,35 @@ def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_
     monkeypatch.setattr(conv, "_InputHasher", lambda source, files, n: seen.append(n) or real(source, files, n))
     conv.convert(str(tiny_ckpt), str(tmp_path / "out"), target, shard_size="200KB", writers=writers)
     assert seen == [threads]
+
+
+class _Interrupt(KeyboardInterrupt):
+    pass
+
+
+@pytest.mark.parametrize("preset, target, opts, stop_at", [
+    # expert-chunk units and kept scale pieces; the experts come after the shared tensors, so stop late
+    ("tiny", "megamoe_sm90_mxfp4", {"ep_size": 2, "max_memory": "3MiB"}, 0.8),
+    ("lossy-fp8", "fp8_block", {"allow_lossy": True}, 0.6),  # a report with lossy tiles and examples
+])
+def test_a_resumed_conversion_reports_what_an_uninterrupted_one_does(tmp_path, preset, target, opts, stop_at):
+    """Reports are stored with the shard holding each unit's first output, so the units of kept shards are
+    counted after --resume: same report, same manifest, same folder."""
+    from fimoe_convert.convert import convert
+
+    src = make_checkpoint(tmp_path / "src", preset)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    want = convert(str(src), str(ref), target, shard_size="60KB", **opts)
+    assert want.shards > 3 and any(want.report[next(iter(want.report))].values())
+
+    def stop_midway(done, total):
+        if done > total * stop_at:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        convert(str(src), str(out), target, shard_size="60KB", progress=stop_midway, **opts)
+    got = convert(str(src), str(out), target, shard_size="60KB", resume=True, **opts)
+    assert 0 < got.shards_kept < got.shards
+    assert got.report == want.report
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in ref.iterdir()}
+    assert "report" not in json.dumps(json.loads((out / "fimoe-manifest.json").read_text())["files"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
@@ -85,6 +86,15 @@ class Target(ABC):
 
     def recycle(self, tensor: torch.Tensor) -> None:
         """The converter is done with `tensor`, an output of `run`: a target may reuse its memory."""
+
+    def report(self, units: Iterable[str] | None = None) -> dict:
+        """What converting `units` (keys; None: every unit run so far) found worth reporting ({}: nothing).
+        The converter stores it per shard, so that a resumed conversion reports what an uninterrupted one does."""
+        return {}
+
+    def merge_reports(self, parts: list[dict]) -> dict:
+        """One report from `report`s of disjoint sets of units, given in output order."""
+        return {}
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
         """The manifest's `layers`: what the runtime needs to rebuild each block's objects."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
@@ -73,8 +74,8 @@ class Fp8BlockTarget(Target):
     param_choices = {"scale_dtype": tuple(SCALE_DTYPES)}
 
     def __init__(self):
-        # per tensor: a unit split between shards runs in each lane that writes part of it, and lanes run at once
-        self._tensors: dict[str, Fp8BlockReport] = {}
+        # unit -> tensor -> report: a unit split between shards runs in each lane that writes part of it
+        self._units: dict[str, dict[str, Fp8BlockReport]] = {}
         self._lock = threading.Lock()
 
     def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
@@ -118,12 +119,13 @@ class Fp8BlockTarget(Target):
             if device == "cuda":
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
             r = fp4_to_fp8_block(w, s, block)
-            self._account(wname, r, s, block, allow_lossy)
+            self._account(unit.key, wname, r, s, block, allow_lossy)
             scale = r.tile_scales_f32() if sdt == "F32" else r.tile_scales_e8m0()
             out[wname], out[sname] = to_host(r.weight), to_host(scale)
         return out
 
-    def _account(self, name: str, r, scales: torch.Tensor, block: tuple[int, int], allow_lossy: bool) -> None:
+    def _account(self, key: str, name: str, r, scales: torch.Tensor, block: tuple[int, int], allow_lossy: bool
+                 ) -> None:
         rep = Fp8BlockReport()
         n_lossy = r.lossy_tiles
         if n_lossy and not allow_lossy:
@@ -146,19 +148,27 @@ class Fp8BlockTarget(Target):
             rep.worst_rel_err = max(rep.worst_rel_err, float(r.max_rel.max()))
             rep.examples = [f"{name} tile ({tr}, {tc})" for tr, tc in r.lossy.nonzero().tolist()[:MAX_EXAMPLES]]
         with self._lock:
-            self._tensors[name] = rep
+            self._units.setdefault(key, {})[name] = rep
 
-    def report(self) -> dict:
+    def report(self, units: Iterable[str] | None = None) -> dict:
+        with self._lock:
+            tensors = {name: rep for k in (list(self._units) if units is None else units)
+                       for name, rep in self._units.get(k, {}).items()}
+        return self.merge_reports([{"fp8_block": tensors[n].to_json()} for n in sorted(tensors, key=natural_key)])
+
+    def merge_reports(self, parts: list[dict]) -> dict:
         total = Fp8BlockReport()
-        for name in sorted(self._tensors, key=natural_key):
-            rep = self._tensors[name]
-            total.tensors += rep.tensors
-            total.tiles += rep.tiles
-            total.lossy_tiles += rep.lossy_tiles
-            total.lossy_tensors += rep.lossy_tensors
-            total.worst_abs_err = max(total.worst_abs_err, rep.worst_abs_err)
-            total.worst_rel_err = max(total.worst_rel_err, rep.worst_rel_err)
-            total.examples += rep.examples[:MAX_EXAMPLES - len(total.examples)]
+        for part in parts:
+            rep = part.get("fp8_block")
+            if not rep:
+                continue
+            total.tensors += rep["tensors"]
+            total.tiles += rep["tiles"]
+            total.lossy_tiles += rep["lossy_tiles"]
+            total.lossy_tensors += rep["lossy_tensors"]
+            total.worst_abs_err = max(total.worst_abs_err, rep["worst_abs_err"])
+            total.worst_rel_err = max(total.worst_rel_err, rep["worst_rel_err"])
+            total.examples += rep["lossy_examples"][:MAX_EXAMPLES - len(total.examples)]
         return {"fp8_block": total.to_json()}
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:

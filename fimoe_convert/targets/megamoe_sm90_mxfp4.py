@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from typing import Iterable
 
 import torch
 
@@ -82,6 +83,14 @@ def _tile_shapes(hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
     l2s = torch.full((1, hidden, inter // 32), 127, dtype=torch.uint8)
     a, b = _transform((l1p, l1s), (l2p, l2s))
     return {"l1": tuple(a.shape[1:]), "l2": tuple(b.shape[1:])}
+
+
+def _window_json(reps: list[WindowReport]) -> dict:
+    r = WindowReport()
+    for rep in reps:
+        r.merge(rep)
+    return {"mxfp4_window": {"groups": r.groups, "clamped_groups": r.clamped_groups,
+                             "lossy_experts": r.lossy_experts, "worst_rel_l2": r.worst_rel_l2}}
 
 
 def prefix(block: str, rank: int) -> str:
@@ -184,12 +193,13 @@ class MegaMoeSm90Mxfp4(Target):
         return {f"{pre}.{leg}.weight": transform_leg(leg, linear_to_marlin(newp), news),
                 f"{pre}.{leg}.weight_global_scale": torch.exp2(g.float())}
 
-    def report(self) -> dict:
-        r = WindowReport()
-        for rep in self._reports.values():
-            r.merge(rep)
-        return {"mxfp4_window": {"groups": r.groups, "clamped_groups": r.clamped_groups,
-                                 "lossy_experts": r.lossy_experts, "worst_rel_l2": r.worst_rel_l2}}
+    def report(self, units: Iterable[str] | None = None) -> dict:
+        with self._lock:
+            reps = [self._reports[k] for k in (list(self._reports) if units is None else units) if k in self._reports]
+        return _window_json(reps)
+
+    def merge_reports(self, parts: list[dict]) -> dict:
+        return _window_json([WindowReport(**p["mxfp4_window"]) for p in parts if "mxfp4_window" in p])
 
     def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
         shapes = _tile_shapes(model.hidden_size, model.moe_intermediate_size)
