@@ -775,7 +775,8 @@ def convert(
     if changed:
         raise InputError(f"--resume: the sha256 of {', '.join(changed)} differs from when {out_dir} was started; "
                          "run again with --overwrite")
-    manifest["report"] = tgt.merge_reports([manifest["files"][s.filename].pop("report", {}) for s in plan.shards])
+    # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
+    manifest["report"] = tgt.merge_reports([manifest["files"][s.filename].get("report", {}) for s in plan.shards])
     write_text(out_dir / "README.md", model_card(manifest, command=command))
     for rel in [INDEX_NAME, "config.json", "README.md", *[r for r in source.extra_files if r != "README.md"]]:
         manifest["files"][rel] = file_record(out_dir / rel)

@@ -273,6 +273,10 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
                 got = folder_bytes(out)
                 if got != reference:
                     diff = sorted(k for k in set(got) | set(reference) if got.get(k) != reference.get(k))
+                    if MANIFEST in diff and MANIFEST in got:  # which of the manifest's fields differ, and how
+                        a, b = (json.loads((d / MANIFEST).read_text()) for d in (out, ref))
+                        diff += [f"{k}: {json.dumps(a.get(k))[:300]} vs {json.dumps(b.get(k))[:300]}"
+                                 for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
                     rec.problems.append(f"after --resume OUT differs from the reference: {diff}")
                 else:
                     rec.resumed = True
