@@ -135,8 +135,8 @@ def check_scales(inputs: dict[str, torch.Tensor]) -> None:
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    """A CUDA result copied into pinned host memory without waiting (the converter synchronizes once
-    per unit before handing results to the writer); a CPU tensor is returned as it is."""
+    """A CUDA result copied into pinned host memory without waiting (the converter records a CUDA event after
+    each unit, and the writer waits on it before using the data); a CPU tensor is returned as it is."""
     if t.device.type != "cuda":
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
