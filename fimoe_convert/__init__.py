@@ -1,32 +1,70 @@
-"""fimoe-convert: offline conversion of DeepSeek V4 routed experts for FlashInfer and BF16 engines.
+"""fimoe-convert: offline conversion of DeepSeek V4 routed experts for FlashInfer and BF16/FP8 engines.
 
-Layering (enforced by tests/test_layering.py): each module may import only the package
-modules listed for it. Only `source`, `safetensors_io` and `manifest` open files (plus
-`testing`, which writes fixtures through `safetensors_io`, and `hub`, which hands a finished
-folder to huggingface_hub). FlashInfer, deep_gemm and triton are imported lazily inside the
-functions that need them, so `--help`, `inspect` and the BF16 path work without them.
+Where each job lives:
+
+    cli.py             the commands: parse flags, call the library, print (one error handler)
+    convert.py         convert(): the list of steps of a conversion
+      options.py         its flags, parsed and checked before SRC is opened
+      resume.py          what an earlier run into OUT left (--resume)
+      distributed.py     the ranks of a torchrun launch
+      pipeline/          moving bytes: budget and channels, the schedule of a shard (pure),
+                         reader/converter threads, writer lanes, parallel hashing
+    verify.py          verify OUT against its manifest (--deep: re-derive from SRC)
+    inspection.py      inspect SRC; list the targets
+    eta.py             the --dry-run estimate
+    hub.py             the model card; upload to the Hub
+    demo.py            the embedded default job
+    kernels.py         THE kernel table: every target and its kernel's facts, as data
+    targets/           the converters, one per family of the table (bf16, fp8_block, megamoe, moe_ep);
+                       rules.py checks a target against the model and the options (pure)
+    plan.py            which tensors go into which output shard, in which units of work (pure)
+    checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
+    numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
+    files/             the only modules that open files: safetensors, SRC, OUT (manifest, status, verify)
+    runtime/           the shim that loads an output into FlashInfer with no load-time transform
+    testing.py         real-format tiny checkpoints for tests, the demo and benchmarks
+    errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions
+
+Imports go one way (tests/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
+files):
+
+    cli -> convert, verify, inspection, hub, demo -> pipeline, resume -> targets -> plan -> checkpoint
+                                   |                        |          \\-> numerics
+                                   +----------> files <------+
+    runtime -> files, numerics, kernels        targets, runtime -> kernels (data)
+
+FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
+`targets` and the BF16 path work without them.
 """
 
 __version__ = "0.1.0"
 
+_BASE = frozenset({"errors", "sizes", "dtypes", "versions"})
+
 LAYERS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
+    "sizes": frozenset({"errors"}),
     "dtypes": frozenset(),
-    "units": frozenset({"errors"}),
-    "numerics": frozenset({"errors", "dtypes"}),
-    "checkpoint": frozenset({"errors", "units"}),
-    "safetensors_io": frozenset({"errors", "dtypes"}),
-    "manifest": frozenset({"errors", "safetensors_io"}),
-    "source": frozenset({"errors", "safetensors_io", "checkpoint"}),
-    "plan": frozenset({"errors", "checkpoint", "units", "dtypes"}),
-    "targets": frozenset({"errors", "checkpoint", "numerics", "plan", "dtypes"}),
-    "runtime": frozenset({"errors", "manifest", "numerics", "dtypes"}),
-    "hub": frozenset({"errors", "manifest", "units"}),
-    "testing": frozenset({"errors", "safetensors_io", "checkpoint", "numerics", "dtypes"}),
-    "convert": frozenset(
-        {"errors", "units", "dtypes", "checkpoint", "source", "plan", "targets", "manifest", "safetensors_io", "numerics", "hub"}
-    ),
-    "demo": frozenset({"errors", "units", "convert", "testing", "manifest"}),
-    "cli": frozenset({"errors", "units", "convert", "source", "targets", "manifest", "hub", "demo", "checkpoint"}),
+    "versions": frozenset(),
+    "kernels": frozenset({"errors"}),
+    "checkpoint": _BASE,
+    "numerics": _BASE,
+    "plan": _BASE | {"checkpoint"},
+    "files": _BASE | {"checkpoint"},
+    "targets": _BASE | {"kernels", "checkpoint", "numerics", "plan"},
+    "pipeline": _BASE | {"files", "plan"},
+    "distributed": _BASE,
+    "options": _BASE | {"kernels", "targets"},
+    "resume": _BASE | {"distributed", "files", "plan"},
+    "hub": _BASE | {"files"},
+    "verify": _BASE | {"files", "options", "plan", "targets"},
+    "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
+    "eta": _BASE | {"files"},
+    "convert": _BASE | {"checkpoint", "distributed", "files", "hub", "kernels", "options", "pipeline", "plan",
+                        "resume", "targets"},
+    "runtime": _BASE | {"files", "kernels", "numerics"},
+    "testing": _BASE | {"checkpoint", "files"},
+    "demo": _BASE | {"convert", "testing", "verify"},
+    "cli": _BASE | {"convert", "demo", "eta", "hub", "inspection", "options", "verify"},
     "__main__": frozenset({"cli"}),
 }

@@ -13,9 +13,13 @@ import sys
 import click
 
 from . import __version__
-from .convert import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, convert, inspect, list_targets, verify
+from .convert import convert
 from .errors import FimoeError
-from .units import human
+from .inspection import inspect, list_targets
+from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
+from .sizes import human
+from .eta import dry_run_eta
+from .verify import verify
 
 
 class _DefaultGroup(click.Group):
@@ -126,29 +130,7 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
         text = (f"plan for --target {res.target} on {res.device}: {res.shards} shards\n{rows}\n"
                 f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}"
                 + ("" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"))
-        # ETA, an estimate labeled as one: SRC's read rate on a sample of its biggest shard, applied to the
-        # bytes read and written, x1.25 (the conversion's goal against the plain I/O floor, bench_convert.py).
-        eta = "ETA: not estimated (SRC's files could not be sampled)"
-        try:
-            import time
-            from .source import resolve_source_root
-
-            root = resolve_source_root(src, revision, offline=True)[0]
-            biggest = max(root.glob("*.safetensors"), key=lambda p: p.stat().st_size)
-            sample, t0 = 0, time.perf_counter()
-            with open(biggest, "rb", buffering=0) as f:
-                while sample < 64 * 2**20 and (chunk := f.read(8 * 2**20)):
-                    sample += len(chunk)
-            rate = sample / max(time.perf_counter() - t0, 1e-6)
-            secs = 1.25 * (res.bytes_read + res.bytes_written) / rate
-            when = ("under 1 s" if secs < 1 else f"about {secs:.0f} s" if secs < 120
-                    else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
-            eta = (f"ETA: {when} (estimate: read + write {human(res.bytes_read + res.bytes_written)} at "
-                   f"{human(rate)}/s, the read rate of a {human(sample)} sample of SRC, x1.25; a cached sample, a slower OUT disk "
-                   "or CPU-bound decoding make it longer)")
-        except (FimoeError, OSError, ValueError):
-            pass
-        text += "\n" + eta
+        text += "\n" + dry_run_eta(src, revision, res.bytes_read + res.bytes_written)
     else:
         text = (f"converted to {res.target} on {res.device}: {res.shards} shards ({res.shards_kept} kept), "
                 f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")

@@ -3,14 +3,14 @@ FlashInfer megakernel layout, verify both, and summarize."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
-from .convert import convert, verify
-from .testing import make_checkpoint
-from .units import human
+from .convert import convert
+from .sizes import human
+from .testing import folder_bytes, fresh_folder, make_checkpoint
+from .verify import verify
 
 DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
 
@@ -18,13 +18,11 @@ DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
 def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None = None) -> dict:
     """Returns a summary dict; `log` gets one line per step."""
     say = log or (lambda _s: None)
-    work = Path(workdir)
-    if work.exists():
-        shutil.rmtree(work)
+    work = fresh_folder(workdir)
     t0 = time.perf_counter()
     # Expert scales within the MXFP4 window of the megamoe kernel, so both targets convert losslessly.
     src = make_checkpoint(work / "src", "tiny", hidden=256, inter=128, extreme_scales=False)
-    say(f"made tiny DeepSeek V4 checkpoint {src} ({human(sum(p.stat().st_size for p in src.iterdir()))})")
+    say(f"made tiny DeepSeek V4 checkpoint {src} ({human(folder_bytes(src))})")
     rows = []
     for target in DEMO_TARGETS:
         out = work / f"out-{target}"

@@ -1,11 +1,18 @@
-"""Error types. Every message names the flag, file or tensor, what was seen, what was expected
-and the next step; the CLI prints them as they are (exit 2 for usage, 1 for input/failure)."""
+"""Error types. Every message names the flag, file or tensor, what was seen, what was expected and the
+next step; the CLI prints them as they are (exit 2 for usage, 1 for bad input or failure)."""
 
 from __future__ import annotations
 
 
+def format_problems(problems: list[str]) -> str:
+    """One problem as it is; several as 'N problems:' and one indented line each."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems:\n  - " + "\n  - ".join(problems)
+
+
 class FimoeError(Exception):
-    """Base class; `exit_code` is what the CLI returns."""
+    """Base class; `exit_code` is what the CLI returns, `problems` every line it reports."""
 
     exit_code = 1
 
@@ -21,7 +28,7 @@ class UsageError(FimoeError):
 
 
 class InputError(FimoeError):
-    """The checkpoint, OUT folder or environment is not what it must be (exit 1)."""
+    """The checkpoint, the OUT folder or the environment is not what it must be (exit 1)."""
 
 
 class ValidationError(FimoeError):
@@ -29,16 +36,12 @@ class ValidationError(FimoeError):
 
     def __init__(self, problems: list[str], exit_code: int = 1):
         self.exit_code = exit_code
-        n = len(problems)
-        head = problems[0] if n == 1 else f"{n} problems:\n  - " + "\n  - ".join(problems)
-        super().__init__(head, problems)
+        super().__init__(format_problems(problems), problems)
 
 
 class CorruptTensorError(InputError):
-    """Tensor data that cannot be right (scale byte 255, ...)."""
+    """Tensor data that cannot be right (an E8M0 scale byte 255, ...)."""
 
 
-def raise_all(problems: list[str], usage: bool = False) -> None:
-    """Raise one ValidationError listing every problem, or return when there are none."""
-    if problems:
-        raise ValidationError(problems, exit_code=2 if usage else 1)
+class LossyRepackError(InputError):
+    """A target's layout cannot hold the source's values exactly and --allow-lossy was not given."""

@@ -11,8 +11,9 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
-from .manifest import MANIFEST_NAME, read_manifest, verify_files
-from .units import human
+from .files.output import MANIFEST_NAME, file_sizes, read_manifest, verify_files
+from .files.output import strays as stray_files
+from .sizes import human
 
 LIBRARY_NAME = "fimoe-convert"
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
@@ -168,10 +169,9 @@ def upload_plan(out: str) -> tuple[Path, dict, list[dict], list[str]]:
         raise InputError(f"{res.problems[0]}; refusing to upload an OUT that does not verify "
                          f"(fimoe-convert verify {out_dir})")
     names = sorted({*manifest["files"], MANIFEST_NAME})
-    files = [{"file": f, "bytes": (out_dir / f).stat().st_size} for f in names]
-    strays = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")
-                    if p.is_file() and p.relative_to(out_dir).as_posix() not in names)
-    return out_dir, manifest, files, strays
+    sizes = file_sizes(out_dir, names)
+    files = [{"file": f, "bytes": sizes[f]} for f in names]
+    return out_dir, manifest, files, stray_files(out_dir, set(names))
 
 
 def upload(out: str, repo_id: str, *, private: bool = False, revision: str | None = None,

@@ -3,7 +3,7 @@ work needs. Nothing here reads a file; the same inputs always give the same plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .checkpoint import natural_key
 from .dtypes import tensor_nbytes
@@ -48,7 +48,7 @@ class Unit:
     experts: tuple[int, int]  # [first, last) global expert ids
     inputs: tuple[str, ...]
     outputs: tuple[OutTensor, ...]
-    params: dict = field(default_factory=dict, hash=False, compare=False)
+    leg: str | None = None  # for targets whose units hold one leg ("l1": gate and up, "l2": down)
 
     @property
     def out_bytes(self) -> int:
@@ -127,10 +127,6 @@ class Plan:
     shards: tuple[OutShard, ...]
     units: dict[str, Unit]
     read_bytes: int
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(s.nbytes for s in self.shards)
 
     def piece_bytes(self, key: str, name: str) -> int:
         """Bytes of tensor `name` that unit `key` writes."""

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import EXPERT_LEGS, natural_key
-from .safetensors_io import PlannedTensor, ShardWriter, atomic_write_bytes
+from .checkpoint import EXPERT_LEGS, VARIANTS, natural_key
+from .dtypes import FP4_GROUP
+from .files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes
 
 BLOCK = 128  # FP8 block size of attention and shared-expert weights
 HC = 4  # hyper-connection copies
-FP4_GROUP = 32
 SCALE_SPAN = 8  # scale bytes of one expert's gate+up (and of its down) lie within this many steps
 
 
@@ -59,12 +59,14 @@ class FixtureSpec:
 PRESETS: dict[str, FixtureSpec] = {
     "tiny": FixtureSpec(),
     # V4-Flash expert geometry with few experts and layers: 5 MoE blocks x 16 experts, ~4 GB of BF16 out.
-    "flash-geometry": FixtureSpec(hidden=4096, inter=2048, experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
+    "flash-geometry": FixtureSpec(hidden=VARIANTS["V4-Flash"].hidden_size, inter=VARIANTS["V4-Flash"].moe_intermediate_size,
+                                  experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
                                   vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
                                   extreme_scales=False),
     # Variants (tests/test_variants.py). V4-Flash is "tiny".
     # V4-Pro expert geometry (H=7168, I=3072) with 2 experts, 1 layer: ~130 MB in, ~330 MB of BF16 out.
-    "pro-geometry": FixtureSpec(hidden=7168, inter=3072, experts=2, top_k=2, layers=1, hash_layers=1, mtp=0,
+    "pro-geometry": FixtureSpec(hidden=VARIANTS["V4-Pro"].hidden_size, inter=VARIANTS["V4-Pro"].moe_intermediate_size,
+                                experts=2, top_k=2, layers=1, hash_layers=1, mtp=0,
                                 vocab=64, heads=2, head_dim=64, q_lora=64, o_lora=64, shards=3, extreme_scales=False),
     # Base: FP8 E4M3 experts with F32 128x128 scales, F32 linear scales, no expert_dtype in config.json.
     "base": FixtureSpec(expert_dtype="fp8", linear_scales="f32"),
@@ -301,7 +303,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> P
         weight_map.update({n: fname for n in group})
         total += sum(p.nbytes for p in planned)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    atomic_write_bytes(out / "model.safetensors.index.json", (json.dumps(index, indent=2) + "\n").encode())
+    atomic_write_bytes(out / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
     atomic_write_bytes(out / "config.json", (json.dumps(_config(spec), indent=2) + "\n").encode())
     atomic_write_bytes(out / "tokenizer.json", b'{"version": "1.0", "model": {"type": "BPE", "vocab": {}}}\n')
     atomic_write_bytes(out / "tokenizer_config.json", b'{"bos_token": "<s>", "eos_token": "</s>"}\n')
@@ -330,3 +332,19 @@ def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, co
             link.unlink()
         os.symlink(f"../../blobs/{sha}", link)
     return snap
+
+
+def fresh_folder(path: str | Path) -> Path:
+    """`path` as an empty folder (what was there is deleted): for the demo and benchmarks' work folders."""
+    import shutil
+
+    path = Path(path)
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def folder_bytes(path: str | Path) -> int:
+    """Bytes of the files directly in `path`."""
+    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())

@@ -33,7 +33,7 @@ PAGE = 4096  # bytes; touching one byte per page makes a lazily mapped file real
 
 def touch(obj) -> int:
     """Touch every page of every tensor's storage (a lazily mapped file must really be read to count)."""
-    from fimoe_convert.numerics.tree import flatten
+    from fimoe_convert.numerics.structure import flatten
 
     _, tensors = flatten(obj, "x")
     total = 0
@@ -58,8 +58,8 @@ def main() -> None:
     args = ap.parse_args()
     from fimoe_convert.convert import convert
     from fimoe_convert.runtime import load_transformed_weights
-    from fimoe_convert.source import open_source
-    from fimoe_convert.targets import get_target
+    from fimoe_convert.files.source import open_source
+    from fimoe_convert.targets import TargetOptions, make_target
     from fimoe_convert.testing import make_checkpoint
 
     work = Path(args.work)
@@ -69,20 +69,19 @@ def main() -> None:
     convert(str(src), str(out), args.target, device=args.device)
     layer = "layers.0"
 
-    tgt = get_target(args.target)
     source = open_source(str(src))
     model = source.model
 
     def today_megamoe():
         """flashinfer.megamoe consumes FP4 itself: read the experts, then the repack it needs (scale windows,
         Marlin order, FlashInfer's tile transform) on the device; no dequant."""
-        from fimoe_convert.targets import TargetOptions
-        from fimoe_convert.targets.megamoe_sm90_mxfp4 import STRUCTURE, prefix
+        from fimoe_convert.targets.megamoe import STRUCTURE, prefix
 
         whole = TargetOptions(device=args.device, unit_bytes=1 << 62)  # one unit per leg: all of the rank's experts
+        tgt = make_target(args.target, model, whole)
         got = {}
-        for unit in (u for u in tgt.units(model, whole) if u.block == layer and u.rank == 0):
-            got.update(tgt.transform(unit, {n: source.read(n) for n in unit.inputs}, args.device))
+        for unit in (u for u in tgt.units() if u.block == layer and u.rank == 0):
+            got.update(tgt.transform(unit, {n: source.read(n) for n in unit.inputs}))
         return tuple(got[f"{prefix(layer, 0)}.{leg}.{slot}"] for leg, slot in STRUCTURE)
 
     def today_path():
@@ -96,7 +95,8 @@ def main() -> None:
                 s = source.read(f"{layer}.ffn.experts.{j}.{leg}.scale").to(args.device)
                 legs[leg].append(seed_dequant(w, s))
         w13 = torch.cat([torch.stack(legs["w1"]), torch.stack(legs["w3"])], dim=1)
-        return tgt.preprocess(model, {}, (w13, torch.stack(legs["w2"])), model.n_routed_experts)
+        tgt = make_target(args.target, model, TargetOptions(device=args.device))
+        return tgt.preprocess(model, (w13, torch.stack(legs["w2"])), model.n_routed_experts)
 
     def shim_path():
         """Read the converted layer straight to the device."""
@@ -118,7 +118,7 @@ def main() -> None:
     t_today, today = timed(today_path)
     t_shim, ours = timed(shim_path)
 
-    from fimoe_convert.numerics.tree import same_object
+    from fimoe_convert.numerics.structure import same_object
 
     print(f"layer {layer}: {model.n_routed_experts} experts at H={model.hidden_size}, I={model.moe_intermediate_size}; "
           f"target {args.target} on {args.device}; identical objects: {same_object(ours, today)}")

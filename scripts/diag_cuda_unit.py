@@ -42,7 +42,8 @@ def main() -> None:
     args = ap.parse_args()
     from fimoe_convert.numerics import dequant_fp4_to_bf16
     from fimoe_convert.plan import OutTensor, Unit
-    from fimoe_convert.targets import get_target
+    from fimoe_convert.checkpoint import model_spec_from_config
+    from fimoe_convert.targets import TargetOptions, make_target
 
     n = args.repeat
     g = torch.Generator().manual_seed(0)
@@ -58,17 +59,20 @@ def main() -> None:
     print(f"decode kernel: {median_ms(lambda: dequant_fp4_to_bf16(dcodes, dscales, out=y), n):.3f} ms")
     print(f"D2H BF16 into pinned: {median_ms(lambda: host.copy_(y, non_blocking=True), n):.3f} ms")
 
-    tgt = get_target("bf16")
+    model = model_spec_from_config({"model_type": "deepseek_v4", "expert_dtype": "fp4", "hidden_size": K,
+                                    "moe_intermediate_size": ROWS, "n_routed_experts": 1, "num_experts_per_tok": 1,
+                                    "num_hidden_layers": 1})
+    tgt = make_target("bf16", model, TargetOptions(device="cuda"))
     names = [f"e.{leg}" for leg in ("w1", "w2", "w3")]
     unit = Unit("e", "b", 0, (0, 1), tuple(f"{m}.{k}" for m in names for k in ("weight", "scale")),
-                tuple(OutTensor(f"{m}.weight", "BF16", (ROWS, K), "e", None) for m in names), {"fp8_block": None})
+                tuple(OutTensor(f"{m}.weight", "BF16", (ROWS, K), "e", None) for m in names))
     inputs = {}
     for m in names:
         inputs[f"{m}.weight"], inputs[f"{m}.scale"] = codes.view(torch.int8), scales.view(torch.float8_e8m0fnu)
     held = []
 
     def run():
-        held.append(tgt.run(unit, inputs, "cuda"))
+        held.append(tgt.run(unit, inputs))
         del held[:-8]  # like the writer's queue: a few units wait to be written
 
     print(f"bf16 unit (3 matrices), run + sync: {median_ms(run, n):.3f} ms")

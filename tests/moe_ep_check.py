@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from seed import seed_dequant  # noqa: E402
 
 from fimoe_convert.convert import convert  # noqa: E402
-from fimoe_convert.numerics.tree import same_object  # noqa: E402
+from fimoe_convert.numerics.structure import same_object  # noqa: E402
 from fimoe_convert.runtime import load_transformed_weights  # noqa: E402
 
 argv = sys.argv[1:]

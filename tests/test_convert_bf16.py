@@ -11,9 +11,10 @@ import torch
 from safetensors import safe_open
 from seed import load_all, same_bits, seed_dequant
 
-from fimoe_convert.convert import convert, verify
+from fimoe_convert.convert import convert
+from fimoe_convert.verify import verify
 from fimoe_convert.errors import CorruptTensorError, UsageError, ValidationError
-from fimoe_convert.manifest import MANIFEST_NAME, read_manifest
+from fimoe_convert.files.output import MANIFEST_NAME, read_manifest
 from fimoe_convert.testing import make_checkpoint
 
 
@@ -187,7 +188,7 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     name = "layers.2.ffn.experts.5.w2.scale"
     index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     shard = src / index[name]
-    from fimoe_convert.safetensors_io import read_header
+    from fimoe_convert.files.safetensors import read_header
 
     info = read_header(shard).tensors[name]
     data = bytearray(shard.read_bytes())

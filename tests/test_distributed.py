@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fimoe_convert.manifest import read_manifest
+from fimoe_convert.files.output import read_manifest
 from fimoe_convert.plan import assign_shards, plan_shards, OutTensor
 
 

@@ -27,7 +27,7 @@ def test_cuda_output_equals_cpu_output(tmp_path, target):
 def test_runtime_load_to_cuda_equals_cpu(tmp_path):
     """The runtime's parallel read into pinned memory, each chunk copied on to the GPU: same objects as on CPU."""
     pytest.importorskip("flashinfer.megamoe")
-    from fimoe_convert.numerics.tree import same_object
+    from fimoe_convert.numerics.structure import same_object
     from fimoe_convert.runtime import load_megamoe_weights
 
     src = make_checkpoint(tmp_path / "src", "tiny")

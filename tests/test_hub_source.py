@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from fimoe_convert.convert import convert, verify
+from fimoe_convert.convert import convert
+from fimoe_convert.verify import verify
 from fimoe_convert.errors import InputError, ValidationError
 from seed import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
@@ -55,7 +56,7 @@ def test_local_dir_download_hashes_are_taken_from_its_metadata_unless_the_file_c
 
     from huggingface_hub._local_folder import write_download_metadata
 
-    import fimoe_convert.source as source_mod
+    import fimoe_convert.files.source as source_mod
 
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)

@@ -16,10 +16,12 @@ from click.testing import CliRunner
 from huggingface_hub import ModelCard
 
 from fimoe_convert.cli import main
-from fimoe_convert.convert import convert, verify
+from fimoe_convert.convert import convert
+from fimoe_convert.verify import verify
 from fimoe_convert.hub import model_card
-from fimoe_convert.manifest import MANIFEST_NAME
-from fimoe_convert.targets import get_target
+from fimoe_convert.files.output import MANIFEST_NAME
+from fimoe_convert.kernels import get_kernel
+from fimoe_convert.targets import TargetOptions, target_record
 from seed import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
 TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
@@ -131,11 +133,7 @@ def test_hub_source_card_names_repo_and_revision(hub_cache, tmp_path):
 def test_moe_ep_card_says_nvshmem_and_loads_with_mega_config(mm_out):
     """A moe_ep kernel target (its preprocessing needs CUDA, so the manifest is made by hand here)."""
     m = manifest(mm_out)
-    info = get_target("sm100_nvfp4_nvfp4_bf16_cutedsl").info
-    m["target"] = {"name": info.name, "kernel_name": info.kernel_name, "vllm_moe_backend": info.vllm_moe_backend,
-                   "capabilities": list(info.capabilities), "weight_format": info.weight_format,
-                   "activation_format": info.activation_format, "needs_nvshmem": info.needs_nvshmem,
-                   "runtime_module": info.runtime_module, "parameters": {}}
+    m["target"] = target_record(get_kernel("sm100_nvfp4_nvfp4_bf16_cutedsl"), TargetOptions())
     card = ModelCard(model_card(m, command="fimoe-convert org/x OUT --target sm100_nvfp4_nvfp4_bf16_cutedsl"))
     meta = card.data.to_dict()["fimoe_convert"]
     assert meta["runtime_needs"] == ["torch.distributed", "NVSHMEM"] and meta["needs_nvshmem"] is True

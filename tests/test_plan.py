@@ -1,10 +1,9 @@
 """Planning of pieces: tensors written by several units (row ranges), and where each unit runs in a lane."""
 
-from types import SimpleNamespace
-
 import pytest
 
-from fimoe_convert.convert import KEEP_MAX, _Producer
+from fimoe_convert.pipeline.feeder import KEEP_MAX
+from fimoe_convert.pipeline.schedule import Copy, Emit, Run, shard_steps
 from fimoe_convert.plan import OutShard, OutTensor, Plan, Unit, merge_outputs, piece_rows
 
 
@@ -25,14 +24,13 @@ def test_merge_outputs_joins_pieces_in_unit_order_and_piece_rows_places_them():
 
 
 def schedule(units, order, small):
-    plan_units = {u.key: u for u in units}
+    """(runs as (unit, [(tensor, kept)]), kept pieces as (tensor, unit)) of the steps of one shard."""
     merged = {t.name: t for t in merge_outputs(units)}
     shard = OutShard("s", tuple(merged[n] for n in order), 0)
-    plan = Plan((shard,), plan_units, 0)
-    fake = SimpleNamespace(plan=plan)
-    seq = _Producer._pieces(shard)
-    runs, kept = _Producer._schedule(fake, seq)
-    return [(seq[i][2], names) for i, names in sorted(runs.items())], sorted((seq[i][1].name, seq[i][2]) for i in kept)
+    plan = Plan((shard,), {u.key: u for u in units}, 0)
+    steps = shard_steps(shard, plan.piece_bytes, 16, KEEP_MAX)
+    runs = [(s.unit, [(n, False) for n in s.writes] + [(n, True) for n in s.keeps]) for s in steps if isinstance(s, Run)]
+    return runs, sorted((s.tensor.name, s.unit) for s in steps if isinstance(s, Emit) and s.kept)
 
 
 @pytest.mark.parametrize("small, runs, kept", [
@@ -49,3 +47,15 @@ def test_a_unit_runs_once_per_lane_unless_a_large_piece_comes_later(small, runs,
 def test_consecutive_outputs_of_one_unit_share_a_run():
     units = [Unit("u", "layers.0", 0, (0, 1), (), (OutTensor("A", "U8", (9,), "u", 0), OutTensor("B", "U8", (9,), "u", 0)))]
     assert schedule(units, ["A", "B"], 0) == ([("u", [("A", False), ("B", False)])], [])
+
+
+def test_copies_are_read_in_blocks_and_every_piece_is_emitted_after_its_run():
+    """A copied tensor of 40 bytes in blocks of 16: [0,16) [16,32) [32,40), the last one marked; each Emit
+    follows the Run of its unit; an empty copied tensor is one empty block."""
+    units = [Unit("u", "layers.0", 0, (0, 1), (), (OutTensor("A", "U8", (9,), "u", 0),))]
+    shard = OutShard("s", (OutTensor("C", "U8", (40,)), units[0].outputs[0], OutTensor("E", "U8", (0,))), 0)
+    steps = shard_steps(shard, Plan((shard,), {"u": units[0]}, 0).piece_bytes, 16, KEEP_MAX)
+    assert [(type(s).__name__, getattr(s, "start", None), getattr(s, "end", None), getattr(s, "last", None))
+            for s in steps] == [("Copy", 0, 16, False), ("Copy", 16, 32, False), ("Copy", 32, 40, True),
+                                ("Run", None, None, None), ("Emit", None, None, True), ("Copy", 0, 0, True)]
+    assert isinstance(steps[0], Copy) and steps[3] == Run("u", ("A",), ())

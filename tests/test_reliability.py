@@ -27,10 +27,10 @@ import test_source as damage
 from click.testing import CliRunner
 
 import fimoe_convert.cli as cli_mod
-from fimoe_convert import safetensors_io as sio
+from fimoe_convert.files import safetensors as sio
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
-from fimoe_convert.safetensors_io import parse_header
+from fimoe_convert.files.safetensors import parse_header
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -545,14 +545,14 @@ def test_verify_detects_single_byte_flips(tmp_path):
 def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, threads):
     """The manifest's source hashes run on several threads; a file that cannot be read then is reported by
     name, not as a bare OSError."""
-    from fimoe_convert.convert import _InputHasher
-    from fimoe_convert.source import open_source
+    from fimoe_convert.convert import hash_inputs
+    from fimoe_convert.files.source import open_source
 
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)
     source = open_source(str(src))
     files = source.input_files()
-    hasher = _InputHasher(source, files, threads)
+    hasher = hash_inputs(source, files, threads)
     assert len(hasher.threads) == threads
     assert hasher.result() == {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in files}
     source = open_source(str(src))
@@ -560,7 +560,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
     (src / gone).unlink()
     with pytest.raises(FimoeError, match=rf"{re.escape(str(src / gone))}: cannot read it to record its sha256 \(No such "
                                          r"file or directory\); the source changed during the conversion"):
-        _InputHasher(source, files, threads).result()
+        hash_inputs(source, files, threads).result()
 
 
 @pytest.mark.parametrize("target, cores, writers, threads", [
@@ -573,9 +573,9 @@ def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_
     import fimoe_convert.convert as conv
 
     seen = []
-    real = conv._InputHasher
+    real = conv.hash_inputs
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(conv, "_InputHasher", lambda source, files, n: seen.append(n) or real(source, files, n))
+    monkeypatch.setattr(conv, "hash_inputs", lambda source, files, n: seen.append(n) or real(source, files, n))
     conv.convert(str(tiny_ckpt), str(tmp_path / "out"), target, shard_size="200KB", writers=writers)
     assert seen == [threads]
 

@@ -162,17 +162,17 @@ def test_capability_defaults_to_the_cuda_device(manifests, monkeypatch):
     check_compatible(manifests[SM107], capability=(10, 7))  # a given capability wins
 
 
-def test_suggestion_table_agrees_with_the_target_registry():
-    from fimoe_convert.targets import get_target
+def test_vllm_backends_and_suggestions_come_from_the_kernel_table():
+    """vLLM's two FlashInfer megakernel backends run these kernels, with these NVSHMEM needs, on 10.0 and
+    10.3 only (FORMATS.md, section 2); the suggestions for a capability are kernels that run on it."""
+    assert FI_MOE_EP_BACKENDS == {
+        "flashinfer_moe_ep_mega_deep_gemm": FiMoeEpBackendSpec("sm100_fp8_fp4_bf16_deepgemm", False),
+        "flashinfer_moe_ep_mega_cutedsl": FiMoeEpBackendSpec("sm100_nvfp4_nvfp4_bf16_cutedsl", True)}
+    assert shim._vllm_capabilities() == [(10, 0), (10, 3)]
+    from fimoe_convert.kernels import suggested
 
-    for cap, names in shim.SUGGESTED_TARGETS.items():
-        for name in names:
-            assert f"{cap[0]}.{cap[1]}" in get_target(name).info.capabilities, (cap, name)
-    for backend, spec in FI_MOE_EP_BACKENDS.items():
-        info = get_target(backend).info  # vLLM's names are target aliases
-        assert (info.kernel_name, info.needs_nvshmem, info.vllm_moe_backend) == (spec.megakernel, spec.needs_nvshmem,
-                                                                               backend)
-        assert info.capabilities == tuple(f"{a}.{b}" for a, b in shim.FI_MOE_EP_CAPABILITIES)
+    assert [k.name for k in suggested("9.0")] == ["megamoe_sm90_mxfp4", "sm90_fp8_mxfp4_bf16_pull_cutedsl"]
+    assert [k.name for k in suggested("10.7")] == ["sm107_mxfp8_mxfp4_bf16_cutedsl", "sm107_mxfp4_mxfp4_bf16_cutedsl"]
 
 
 # validate_fi_moe_ep_config --------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def _check_mega_config(out: str, src: str) -> None:
     from flashinfer.moe_ep.core.kernel import registry
     from safetensors import safe_open
 
-    from fimoe_convert.numerics.tree import same_object
+    from fimoe_convert.numerics.structure import same_object
     from fimoe_convert.runtime import load_transformed_weights
 
     m = load_manifest(out)

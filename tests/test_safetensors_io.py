@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from fimoe_convert import safetensors_io as sio
-from fimoe_convert.safetensors_io import IO_BLOCK, PlannedTensor, write_file
+from fimoe_convert.files import safetensors as sio
+from fimoe_convert.files.safetensors import IO_BLOCK, PlannedTensor, write_file
 
 SIZES = [0, 1, sio.DIRECT_ALIGN - 1, sio.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5, 3 * IO_BLOCK + 4097]
 

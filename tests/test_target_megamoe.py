@@ -8,7 +8,8 @@ import torch
 from safetensors import safe_open
 from seed import seed_dequant
 
-from fimoe_convert.convert import convert, verify
+from fimoe_convert.convert import convert
+from fimoe_convert.verify import verify
 from fimoe_convert.errors import ValidationError
 from fimoe_convert.runtime import load_megamoe_weights
 from fimoe_convert.testing import make_checkpoint
@@ -106,12 +107,12 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
                                                      max_memory, writers, l1_chunks, l2_chunks):
     """--max-memory sizes the units (chunks of one leg's experts, FlashInfer's transform per leg): any
     chunking and any number of writers give the folder of one unit per rank."""
-    from fimoe_convert.source import open_source
-    from fimoe_convert.targets import TargetOptions, get_target
+    from fimoe_convert.files.source import open_source
+    from fimoe_convert.targets import TargetOptions, make_target
 
     unit_bytes = min(64 << 20, int(max_memory[:-3]) << {"MiB": 20, "GiB": 30}[max_memory[-3:]] >> 5)
-    units = get_target(TARGET).units(open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes))
-    per_rank = {leg: sum(1 for u in units if u.block == "layers.0" and u.rank == 0 and u.params["leg"] == leg)
+    units = make_target(TARGET, open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes)).units()
+    per_rank = {leg: sum(1 for u in units if u.block == "layers.0" and u.rank == 0 and u.leg == leg)
                 for leg in ("l1", "l2")}
     assert per_rank == {"l1": l1_chunks, "l2": l2_chunks}
     out = tmp_path / "out"
@@ -127,7 +128,7 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
 def test_leg_transform_matches_flashinfer_public_function_with_and_without_the_helper(monkeypatch):
     """`transform_leg` gives, per leg, the bytes of `transform_mxfp4_weights_for_mega_moe` on both legs; without
     FlashInfer's per-leg helper it falls back to the public function with a zero partner leg."""
-    from fimoe_convert.targets import megamoe_sm90_mxfp4 as mm
+    from fimoe_convert.targets import megamoe as mm
 
     g = torch.Generator().manual_seed(5)
     e, h, i = 3, 256, 128
@@ -173,7 +174,7 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     src = make_checkpoint(tmp_path / "src", "tiny", layers=1, mtp=0, hash_layers=0)
     shard_of = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     name = "layers.0.ffn.experts.3.w2.scale"
-    from fimoe_convert.safetensors_io import read_header
+    from fimoe_convert.files.safetensors import read_header
     info = read_header(src / shard_of[name]).tensors[name]
     data = bytearray((src / shard_of[name]).read_bytes())
     data[info.start] = 100  # one group 20 steps below the rest: the window cannot hold both

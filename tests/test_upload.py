@@ -36,7 +36,7 @@ from fimoe_convert.cli import main
 from fimoe_convert.convert import convert
 from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.hub import upload
-from fimoe_convert.manifest import MANIFEST_NAME
+from fimoe_convert.files.output import MANIFEST_NAME
 
 # ---------------------------------------------------------------------------------------------- fake Hub
 

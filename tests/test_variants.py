@@ -8,11 +8,13 @@ import pytest
 import torch
 from seed import load_all, same_bits, seed_dequant
 
-from fimoe_convert.checkpoint.spec import variant_name
-from fimoe_convert.convert import convert, inspect, verify
+from fimoe_convert.checkpoint import variant_name
+from fimoe_convert.convert import convert
+from fimoe_convert.inspection import inspect
+from fimoe_convert.verify import verify
 from fimoe_convert.errors import ValidationError
-from fimoe_convert.source import open_source
-from fimoe_convert.targets import all_targets
+from fimoe_convert.files.source import open_source
+from fimoe_convert.kernels import KERNELS
 from fimoe_convert.testing import make_checkpoint
 
 # id: (preset, overrides, variant name, MoE blocks, experts per block)
@@ -100,7 +102,7 @@ def test_inspect_names_the_variant_and_the_targets_that_apply(variant):
     assert variant_name(source.model, source.config) == variant["name"]
     fits = inspect(str(variant["src"]))["targets"]
     assert fits["bf16"] == "fits"
-    fp4_consumers = [t.info.name for t in all_targets() if t.info.consumes == "fp4"]
+    fp4_consumers = [k.name for k in KERNELS if k.consumes == "fp4"]
     assert "fp8_block" in fp4_consumers
     if source.model.expert_dtype == "fp8":
         for name in fp4_consumers:

@@ -1,27 +1,27 @@
-"""The DeepSeek V4 model spec: config dialects, tensor classes and expected expert shapes."""
+"""What a DeepSeek V4 checkpoint is (pure): config dialects, tensor names, expected expert shapes, variants."""
 
 from .spec import (
-    FP4_GROUP,
     EXPERT_LEGS,
     ExpertKey,
     ModelSpec,
-    block_sort_key,
     expected_expert_tensors,
     leg_shape,
     model_spec_from_config,
-    parse_expert_name,
     natural_key,
+    parse_expert_name,
 )
+from .variants import VARIANTS, Variant, variant_name
 
 __all__ = [
-    "FP4_GROUP",
     "EXPERT_LEGS",
     "ExpertKey",
     "ModelSpec",
-    "block_sort_key",
+    "VARIANTS",
+    "Variant",
     "expected_expert_tensors",
     "leg_shape",
     "model_spec_from_config",
-    "parse_expert_name",
     "natural_key",
+    "parse_expert_name",
+    "variant_name",
 ]

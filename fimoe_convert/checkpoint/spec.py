@@ -6,9 +6,9 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
+from ..dtypes import FP4_GROUP
 from ..errors import ValidationError
 
-FP4_GROUP = 32  # K values per E8M0 scale in FP4 experts
 FP8_BLOCK = 128  # rows x cols per F32 scale in FP8 (Base) experts
 EXPERT_LEGS = ("w1", "w2", "w3")  # gate, down, up
 
@@ -43,11 +43,6 @@ def parse_expert_name(name: str) -> ExpertKey | None:
 def natural_key(name: str) -> tuple:
     """Sort key that orders `layers.10` after `layers.9` (numbers compared as numbers)."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p)
-
-
-def block_sort_key(block: str) -> tuple[int, int]:
-    kind, idx = block.split(".")
-    return (0 if kind == "layers" else 1, int(idx))
 
 
 @dataclass(frozen=True)
@@ -138,27 +133,6 @@ def model_spec_from_config(config: dict, where: str = "config.json") -> ModelSpe
         first_k_dense_replace=optional["first_k_dense_replace"], expert_dtype=expert_dtype,
         weight_block_size=tuple(block), architectures=tuple(config.get("architectures") or ()),
     )
-
-
-PRO_GEOMETRY = (7168, 3072)  # V4-Pro hidden_size, moe_intermediate_size (V4-Flash: 4096, 2048)
-
-
-def variant_name(spec: ModelSpec, config: dict | None = None) -> str:
-    """Which DeepSeek V4 checkpoint this is, for `inspect`: "V4.1", "V4 Base (FP8 experts)",
-    "V4 0731/DSpark (3 MTP blocks)", "V4-Pro" or "V4-Flash" (first match; any other FP4 V4 geometry
-    is called V4-Flash, the reference layout)."""
-    config = config or {}
-    if spec.dialect == "v4.1":
-        return "V4.1"
-    if spec.expert_dtype == "fp8":
-        pro = " (V4-Pro geometry)" if (spec.hidden_size, spec.moe_intermediate_size) == PRO_GEOMETRY else ""
-        return f"V4 Base (FP8 experts){pro}"
-    n_mtp = spec.num_nextn_predict_layers
-    if n_mtp > 1 or "dspark_target_layer_ids" in config:
-        return f"V4 0731/DSpark ({n_mtp} MTP block{'s' if n_mtp != 1 else ''})"
-    if (spec.hidden_size, spec.moe_intermediate_size) == PRO_GEOMETRY:
-        return "V4-Pro"
-    return "V4-Flash"
 
 
 def leg_shape(spec: ModelSpec, leg: str) -> tuple[int, int]:

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numpy as np
 import torch
 
-FP4_GROUP = 32  # K values per E8M0 scale
+from ..dtypes import FP4_GROUP
+
 SCALE_NAN_BYTE = 255  # E8M0 NaN; corrupt input
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 

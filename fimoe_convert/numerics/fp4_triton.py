@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import torch
 
-FP4_GROUP = 32  # values per E8M0 scale byte
+from ..dtypes import FP4_GROUP
+
 GROUP_BYTES = FP4_GROUP // 2  # code bytes per scale byte
 BLOCK_GROUPS = 64  # scale groups per program 1 KiB of codes in, 4 KiB of BF16 out
 NUM_WARPS = 2  # with BLOCK_GROUPS 64: 92% of copy on the H200, best of the sweep (docs/PERFORMANCE.md)

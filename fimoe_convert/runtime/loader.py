@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..manifest import read_manifest, read_output_tensors
-from ..numerics.tree import tensor_names, unflatten
+from ..files.output import read_manifest, read_output_tensors
+from ..numerics.structure import tensor_names, unflatten
 
 
 @dataclass(frozen=True)

@@ -4,39 +4,24 @@ config-time checks whose errors say what was found, what is needed and which opt
 process-wide FlashInfer moe_ep runtime handle, and a ready `flashinfer.moe_ep.MegaConfig` whose
 transformed weights come straight from the output (no load-time preprocessing).
 
-Imports `errors`, `manifest` (through `loader`) and flashinfer (lazily) only: the target registry is
-not importable here, so the few facts about other targets that messages need are tabled below
-(tests/test_runtime.py checks the table against the registry)."""
+The facts about kernels (capabilities, vLLM backend names, NVSHMEM) come from the kernel table
+(`fimoe_convert.kernels`); FlashInfer is imported lazily; never click or huggingface_hub."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..errors import InputError
+from .. import versions
+from ..errors import InputError, format_problems
+from ..kernels import suggested, vllm_backends
 from .loader import Manifest, load_manifest, load_transformed_weights
 
-# FlashInfer 0.7.4 is the first release with flashinfer.megamoe and the moe_ep kernels the targets use.
-MIN_FLASHINFER = (0, 7, 4)
-
-# Compute capability -> targets that run there, best first (FP4 checkpoint consumed verbatim first).
-# Mirrors `capabilities` of fimoe_convert/targets/*.py, which runtime may not import.
-SUGGESTED_TARGETS: dict[tuple[int, int], tuple[str, ...]] = {
-    (9, 0): ("megamoe_sm90_mxfp4", "sm90_fp8_mxfp4_bf16_pull_cutedsl"),
-    (10, 0): ("sm100_mxfp8_mxfp4_bf16_cutedsl", "sm100_fp8_fp4_bf16_deepgemm"),
-    (10, 3): ("sm100_mxfp8_mxfp4_bf16_cutedsl", "sm100_fp8_fp4_bf16_deepgemm"),
-    (10, 7): ("sm107_mxfp8_mxfp4_bf16_cutedsl", "sm107_mxfp4_mxfp4_bf16_cutedsl"),
-    (12, 0): ("sm120_mxfp4_mxfp8_bf16_cake",),
-}
-
-# vLLM's two FlashInfer megakernel MoE backends (`--moe-backend`): the checks vLLM makes at config time.
-FI_MOE_EP_CAPABILITIES: tuple[tuple[int, int], ...] = ((10, 0), (10, 3))
-EPLB_FALLBACK = "flashinfer_cutlass"
+EPLB_FALLBACK = "flashinfer_cutlass"  # a vLLM MoE backend that supports EPLB
 
 
 @dataclass(frozen=True)
@@ -46,9 +31,12 @@ class FiMoeEpBackendSpec:
 
 
 FI_MOE_EP_BACKENDS: dict[str, FiMoeEpBackendSpec] = {
-    "flashinfer_moe_ep_mega_deep_gemm": FiMoeEpBackendSpec("sm100_fp8_fp4_bf16_deepgemm", False),
-    "flashinfer_moe_ep_mega_cutedsl": FiMoeEpBackendSpec("sm100_nvfp4_nvfp4_bf16_cutedsl", True),
-}
+    name: FiMoeEpBackendSpec(k.kernel_name, k.needs_nvshmem) for name, k in vllm_backends().items()}
+
+
+def _vllm_capabilities() -> list[tuple[int, int]]:
+    """Compute capabilities vLLM allows its FlashInfer megakernel backends on: those of the kernels they run."""
+    return sorted({_parse_cap(c) for k in vllm_backends().values() for c in k.capabilities})
 
 
 class IncompatibleTargetError(InputError, ValueError):
@@ -56,8 +44,7 @@ class IncompatibleTargetError(InputError, ValueError):
     problem is in `problems`, and the message lists them all."""
 
     def __init__(self, problems: list[str]):
-        head = problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n  - " + "\n  - ".join(problems)
-        super().__init__(head, problems)
+        super().__init__(format_problems(problems), problems)
 
 
 # Helpers --------------------------------------------------------------------------------------------
@@ -79,30 +66,9 @@ def _parse_cap(s: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    out = []
-    for part in v.split(".")[:3]:
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
-def _vstr(v: tuple[int, ...]) -> str:
-    return ".".join(map(str, v))
-
-
 def installed_flashinfer_version() -> str | None:
     """The installed flashinfer-python version (without importing flashinfer), or None."""
-    try:
-        return importlib.metadata.version("flashinfer-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return versions.installed("flashinfer-python")
 
 
 def _target_desc(target: dict) -> str:
@@ -110,7 +76,7 @@ def _target_desc(target: dict) -> str:
 
 
 def _suggestion(cap: tuple[int, int]) -> str:
-    names = SUGGESTED_TARGETS.get(cap)
+    names = [k.name for k in suggested(_cap_str(cap))]
     if not names:
         return (f"no FlashInfer megakernel target runs on {_cap_str(cap)}; convert with --target bf16 "
                 "for the engine's own MoE kernels")
@@ -155,19 +121,19 @@ def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tupl
                         f"(ranks 0..{m.ep_size - 1}); re-convert with --ep-size {ep_world_size}")
 
     if kernel:
-        need = MIN_FLASHINFER
+        need = versions.MIN_FLASHINFER
         recorded = (m.data.get("tool") or {}).get("flashinfer")
         if recorded:
-            rec = _version_tuple(recorded)[:2]
+            rec = versions.parse(recorded)[:2]
             if len(rec) == 2:
                 need = max(need, (*rec, 0))
         have_s = installed_flashinfer_version()
-        have = None if have_s is None else _version_tuple(have_s)
+        have = None if have_s is None else versions.parse(have_s)
         if have is None or have < need:
             written = f" (written with flashinfer-python {recorded})" if recorded else ""
             found = "not installed" if have_s is None else f"{have_s} is installed"
             problems.append(f"flashinfer-python {found}: this output{written} needs flashinfer-python >= "
-                            f"{_vstr(need)} to load {_target_desc(t)}; pip install 'flashinfer-python>={_vstr(need)}', "
+                            f"{versions.show(need)} to load {_target_desc(t)}; pip install 'flashinfer-python>={versions.show(need)}', "
                             "or convert with --target bf16 to serve without FlashInfer")
     if problems:
         raise IncompatibleTargetError(problems)
@@ -181,8 +147,8 @@ def validate_fi_moe_ep_config(moe_backend: str, *, capability: tuple[int, int], 
                          f"known: {', '.join(sorted(FI_MOE_EP_BACKENDS))}")
     problems: list[str] = []
     cap = (int(capability[0]), int(capability[1]))
-    if cap not in FI_MOE_EP_CAPABILITIES:
-        allowed = " or ".join(map(_cap_str, FI_MOE_EP_CAPABILITIES))
+    if cap not in _vllm_capabilities():
+        allowed = " or ".join(map(_cap_str, _vllm_capabilities()))
         hint = ("; on 9.0, fimoe-convert --target megamoe_sm90_mxfp4 serves through flashinfer.megamoe"
                 if cap == (9, 0) else "")
         problems.append(f"--moe-backend {moe_backend}: runs on compute capability {allowed} (B200/GB200, "

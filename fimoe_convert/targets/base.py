@@ -1,88 +1,49 @@
-"""What every target declares and does. Targets are pure: they plan units from the model spec and
-turn a unit's source tensors into output tensors; the converter does all reading and writing."""
+"""What every target does. A target is made for one model and one set of options; it plans units from the
+model spec and turns a unit's source tensors into output tensors. Targets are pure: the converter does all
+reading and writing."""
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
 
 from ..checkpoint import ModelSpec
 from ..errors import CorruptTensorError
+from ..kernels import Kernel
 from ..numerics import find_nan_scales
 from ..plan import Unit, ep_ranges
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    name: str  # FlashInfer's kernel_name where one exists
-    description: str
-    kernel_name: str | None = None
-    aliases: tuple[str, ...] = ()
-    vllm_moe_backend: str | None = None
-    capabilities: tuple[str, ...] = ()  # compute capabilities the kernel runs on ("9.0"); () = any
-    weight_format: str = ""  # what goes into the kernel's weights
-    activation_format: str = ""
-    consumes: str = "fp4"  # source expert format the conversion needs: "fp4" | "any"
-    needs_nvshmem: bool = False
-    preprocess_needs_cuda: bool = False
-    needs_packages: tuple[str, ...] = ()  # importable modules the conversion needs
-    runtime_module: str | None = None  # flashinfer module that runs the output
-
-
-@dataclass(frozen=True)
-class TargetOptions:
-    ep_size: int = 1
-    arch: tuple[int, int] | None = None  # compute capability checked against `capabilities`
-    device: str = "cpu"
-    allow_lossy: bool = False
-    params: dict = field(default_factory=dict)
-    # Output bytes per unit that a target able to split its work aims for (from --max-memory); any value
-    # gives the same output, so it is not recorded.
-    unit_bytes: int | None = None
-
-    def to_json(self) -> dict:
-        return {"ep_size": self.ep_size, "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}",
-                "allow_lossy": self.allow_lossy, "params": dict(sorted(self.params.items()))}
+from .rules import TargetOptions, target_record, validate
 
 
 class Target(ABC):
-    info: TargetInfo
+    """Made before the options are validated: nothing may depend on them until `validate()` found no problem."""
 
-    def validate(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
+    def __init__(self, kernel: Kernel, model: ModelSpec, opts: TargetOptions):
+        self.kernel, self.model, self.opts = kernel, model, opts
+
+    def validate(self) -> list[str]:
         """Every problem with this model and these options, each naming its flag."""
-        problems = []
-        e = model.n_routed_experts
-        if opts.ep_size < 1 or e % opts.ep_size:
-            problems.append(f"--ep-size {opts.ep_size}: must divide the {e} routed experts "
-                            f"(n_routed_experts in config.json); try one of {divisors(e)[:8]}")
-        if self.info.consumes == "fp4" and model.expert_dtype != "fp4":
-            problems.append(f"--target {self.info.name}: consumes FP4 experts, but this checkpoint's experts are "
-                            f"{model.expert_dtype.upper()} (expert_dtype {model.expert_dtype!r}); use --target bf16")
-        if opts.arch is not None and self.info.capabilities:
-            arch = f"{opts.arch[0]}.{opts.arch[1]}"
-            if arch not in self.info.capabilities:
-                problems.append(f"--arch {arch}: --target {self.info.name} runs on compute capability "
-                                f"{' or '.join(self.info.capabilities)}; pick a target for {arch} (fimoe-convert targets)")
-        if self.info.preprocess_needs_cuda and opts.device != "cuda":
-            problems.append(f"--device {opts.device}: --target {self.info.name} preprocesses on a CUDA device only "
-                            "(FlashInfer's function needs CUDA tensors); run on a GPU machine with --device cuda")
-        return problems + self.check(model, opts)
+        return validate(self.kernel, self.model, self.opts)
 
-    def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
-        """Target-specific checks (geometry multiples, EP limits, ...)."""
-        return []
+    def param(self, key: str) -> str:
+        """The value of --param `key`: as given, else the kernel table's default (its first allowed value)."""
+        return self.opts.params.get(key, self.kernel.params[key][0])
+
+    def ranks(self) -> list[tuple[int, int]]:
+        """Each EP rank's experts [first, last)."""
+        return ep_ranges(self.model.n_routed_experts, self.opts.ep_size)
 
     @abstractmethod
-    def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
+    def units(self) -> list[Unit]:
         """The work units and their output tensors, in order (pure)."""
 
     @abstractmethod
-    def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        """Turn one unit's source tensors (typed CPU tensors, by name) into its outputs (CPU, by name)."""
+    def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Turn one unit's source tensors (typed CPU tensors, by name) into its outputs (CPU, by name), on
+        the options' device."""
 
     def recycle(self, tensor: torch.Tensor) -> None:
         """The converter is done with `tensor`, an output of `run`: a target may reuse its memory."""
@@ -96,32 +57,23 @@ class Target(ABC):
         """One report from `report`s of disjoint sets of units, given in output order."""
         return {}
 
-    def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict:
         """The manifest's `layers`: what the runtime needs to rebuild each block's objects."""
         return {}
 
-    def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
+    def update_config(self, config: dict) -> dict:
         """config.json for the output."""
         return config
 
-    def availability(self) -> tuple[bool, str]:
-        """Can this machine run the conversion now, and if not, why."""
-        import importlib.util
-
-        for mod in self.info.needs_packages:
-            if importlib.util.find_spec(mod) is None:
-                return False, f"needs the {mod!r} package (not installed)"
-        if self.info.preprocess_needs_cuda and not torch.cuda.is_available():
-            return False, "preprocessing needs a CUDA device (none here)"
-        return True, "yes"
+    def record(self) -> dict:
+        """The manifest's `target`."""
+        return target_record(self.kernel, self.opts)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def rank_ranges(model: ModelSpec, opts: TargetOptions) -> list[tuple[int, int]]:
-    return ep_ranges(model.n_routed_experts, opts.ep_size)
+def kernel_target_config(target: Target, config: dict) -> dict:
+    """config.json of a kernel-layout output: the source's, plus where the runtime shim finds the manifest."""
+    return {**config, "fimoe_convert": {"target": target.kernel.name, "ep_size": target.opts.ep_size,
+                                        "manifest": "fimoe-manifest.json"}}
 
 
 def check_scales(inputs: dict[str, torch.Tensor]) -> None:
@@ -147,7 +99,7 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 class OutputPool:
     """CPU output tensors handed back by the converter (`Target.recycle`) and reused: filling fresh memory
     costs a page fault per 4 KiB, which made CPU decode into fresh outputs 3x slower than into reused ones
-    (scripts/bench_decode.py). Keeps at most `keep` idle tensors of each shape."""
+    (scripts/bench/bench_decode.py). Keeps at most `keep` idle tensors of each shape."""
 
     def __init__(self, keep: int = 4):
         self.keep = keep

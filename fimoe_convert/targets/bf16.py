@@ -5,48 +5,39 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape
+from ..checkpoint import EXPERT_LEGS, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
-from .base import OutputPool, Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
+from .base import OutputPool, Target, check_scales, to_host
 
 
 class Bf16Target(Target):
-    info = TargetInfo(
-        name="bf16",
-        description="routed experts dequantized to BF16 [out, in], same names, .scale dropped",
-        weight_format="bf16",
-        activation_format="bf16",
-        consumes="any",
-    )
-
-    def __init__(self):
+    def __init__(self, *args):
+        super().__init__(*args)
         self._pool = OutputPool()
 
-    def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
+    def units(self) -> list[Unit]:
         units = []
-        ranges = rank_ranges(model, opts)
-        for block in model.moe_blocks:
-            for rank, (lo, hi) in enumerate(ranges):
+        for block in self.model.moe_blocks:
+            for rank, (lo, hi) in enumerate(self.ranks()):
                 for j in range(lo, hi):
                     prefix = f"{block}.ffn.experts.{j}"
-                    outs = tuple(OutTensor(f"{prefix}.{leg}.weight", "BF16", leg_shape(model, leg), prefix,
-                                           rank if opts.ep_size > 1 else None) for leg in EXPERT_LEGS)
+                    outs = tuple(OutTensor(f"{prefix}.{leg}.weight", "BF16", leg_shape(self.model, leg), prefix,
+                                           rank if self.opts.ep_size > 1 else None) for leg in EXPERT_LEGS)
                     ins = tuple(f"{prefix}.{leg}.{kind}" for leg in EXPERT_LEGS for kind in ("weight", "scale"))
-                    units.append(Unit(prefix, block, rank, (j, j + 1), ins, outs,
-                                      {"fp8_block": model.weight_block_size if model.expert_dtype == "fp8" else None}))
+                    units.append(Unit(prefix, block, rank, (j, j + 1), ins, outs))
         return units
 
-    def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         check_scales(inputs)
+        device = self.opts.device
         out = {}
-        fp8_block = unit.params.get("fp8_block")
         for t in unit.outputs:
             w, s = inputs[t.name], inputs[t.name.removesuffix(".weight") + ".scale"]
             if device == "cuda":
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
-            if fp8_block:
-                y = dequant_fp8_block_to_bf16(w, s, tuple(fp8_block))
+            if self.model.expert_dtype == "fp8":
+                y = dequant_fp8_block_to_bf16(w, s, self.model.weight_block_size)
             elif device == "cpu":
                 y = dequant_fp4_to_bf16(w, s, out=self._pool.take(t.shape, torch.bfloat16))
             else:
@@ -57,13 +48,13 @@ class Bf16Target(Target):
     def recycle(self, tensor: torch.Tensor) -> None:
         self._pool.give(tensor)
 
-    def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict:
         return {block: {"format": "bf16", "tensors": f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.weight",
-                        "experts": [0, model.n_routed_experts]} for block in model.moe_blocks}
+                        "experts": [0, self.model.n_routed_experts]} for block in self.model.moe_blocks}
 
-    def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
+    def update_config(self, config: dict) -> dict:
         config = dict(config)
-        if model.dialect == "v4.1":
+        if self.model.dialect == "v4.1":
             text = dict(config.get("text_config") or {})
             q = dict(config.get("quantization_config") or text.get("quantization_config") or {})
             q["expert_dtype"] = "bf16"

@@ -21,18 +21,14 @@ from typing import Iterable
 import torch
 
 from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape, natural_key
-from ..errors import InputError
-from ..numerics import FP4_GROUP
+from ..dtypes import FP4_GROUP
+from ..errors import LossyRepackError
 from ..numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
+from .base import Target, check_scales, to_host
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
 MAX_EXAMPLES = 5  # lossy tiles named in the report
-
-
-class LossyRepackError(InputError):
-    pass
 
 
 @dataclass
@@ -51,10 +47,6 @@ class Fp8BlockReport:
                 "worst_rel_err": self.worst_rel_err, "lossy_examples": list(self.examples)}
 
 
-def _scale_dtype(opts: TargetOptions) -> str:
-    return opts.params.get("scale_dtype", "e8m0")
-
-
 def tile_shape(model: ModelSpec, leg: str) -> tuple[int, int]:
     out, inp = leg_shape(model, leg)
     rows, cols = model.weight_block_size
@@ -62,55 +54,38 @@ def tile_shape(model: ModelSpec, leg: str) -> tuple[int, int]:
 
 
 class Fp8BlockTarget(Target):
-    info = TargetInfo(
-        name="fp8_block",
-        description="routed experts FP4 -> FP8 E4M3 with one scale per weight_block_size tile (DeepSeek's "
-                    "convert.py --expert-dtype fp8 rule), lossless where exact; same names; "
-                    "--param scale_dtype=e8m0|f32",
-        weight_format="fp8_e4m3 [out, in] + one E8M0 (or F32) scale per weight_block_size tile",
-        activation_format="engine's choice (FP8 block GEMM)",
-        consumes="fp4",
-    )
-    param_choices = {"scale_dtype": tuple(SCALE_DTYPES)}
-
-    def __init__(self):
+    def __init__(self, *args):
+        super().__init__(*args)
         # unit -> tensor -> report: a unit split between shards runs in each lane that writes part of it
         self._units: dict[str, dict[str, Fp8BlockReport]] = {}
         self._lock = threading.Lock()
 
-    def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
-        p = []
-        rows, cols = model.weight_block_size
-        if cols % FP4_GROUP:
-            p.append(f"--target {self.info.name}: quantization_config.weight_block_size is [{rows}, {cols}]; the "
-                     f"columns must be a multiple of {FP4_GROUP} (one tile holds whole FP4 scale groups); use --target bf16")
-        for key, value in opts.params.items():
-            if key not in self.param_choices:
-                p.append(f"--param {key}={value}: {self.info.name} takes "
-                         + ", ".join(f"{k} ({'|'.join(v)})" for k, v in self.param_choices.items()))
-            elif value not in self.param_choices[key]:
-                p.append(f"--param {key}={value}: expected one of {', '.join(self.param_choices[key])}")
-        return p
+    @property
+    def scale_dtype(self) -> str:
+        return SCALE_DTYPES[self.param("scale_dtype")]
 
-    def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
-        sdt = SCALE_DTYPES.get(_scale_dtype(opts), "F8_E8M0")
-        params = {"block": tuple(model.weight_block_size), "scale_dtype": sdt, "allow_lossy": opts.allow_lossy}
+    @property
+    def f32(self) -> bool:
+        return self.scale_dtype == "F32"
+
+    def units(self) -> list[Unit]:
+        model, sdt = self.model, self.scale_dtype
         units = []
         for block in model.moe_blocks:
-            for rank, (lo, hi) in enumerate(rank_ranges(model, opts)):
+            for rank, (lo, hi) in enumerate(self.ranks()):
                 for j in range(lo, hi):
                     prefix = f"{block}.ffn.experts.{j}"
-                    r = rank if opts.ep_size > 1 else None
+                    r = rank if self.opts.ep_size > 1 else None
                     outs = []
                     for leg in EXPERT_LEGS:
                         outs.append(OutTensor(f"{prefix}.{leg}.weight", "F8_E4M3", leg_shape(model, leg), prefix, r))
                         outs.append(OutTensor(f"{prefix}.{leg}.scale", sdt, tile_shape(model, leg), prefix, r))
                     ins = tuple(f"{prefix}.{leg}.{kind}" for leg in EXPERT_LEGS for kind in ("weight", "scale"))
-                    units.append(Unit(prefix, block, rank, (j, j + 1), ins, tuple(outs), dict(params)))
+                    units.append(Unit(prefix, block, rank, (j, j + 1), ins, tuple(outs)))
         return units
 
-    def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        block, sdt, allow_lossy = unit.params["block"], unit.params["scale_dtype"], unit.params["allow_lossy"]
+    def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        block, device, allow_lossy = self.model.weight_block_size, self.opts.device, self.opts.allow_lossy
         check_scales(inputs)
         out = {}
         for leg in EXPERT_LEGS:
@@ -120,7 +95,7 @@ class Fp8BlockTarget(Target):
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
             r = fp4_to_fp8_block(w, s, block)
             self._account(unit.key, wname, r, s, block, allow_lossy)
-            scale = r.tile_scales_f32() if sdt == "F32" else r.tile_scales_e8m0()
+            scale = r.tile_scales_f32() if self.f32 else r.tile_scales_e8m0()
             out[wname], out[sname] = to_host(r.weight), to_host(scale)
         return out
 
@@ -171,17 +146,17 @@ class Fp8BlockTarget(Target):
             total.examples += rep["lossy_examples"][:MAX_EXAMPLES - len(total.examples)]
         return {"fp8_block": total.to_json()}
 
-    def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
-        rows, cols = model.weight_block_size
+    def layers_record(self, units: list[Unit]) -> dict:
+        rows, cols = self.model.weight_block_size
         return {block: {"format": "fp8_block", "tensors": f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.{{weight,scale}}",
-                        "weight_dtype": "F8_E4M3", "scale_dtype": SCALE_DTYPES[_scale_dtype(opts)],
-                        "block": [rows, cols], "experts": [0, model.n_routed_experts]}
-                for block in model.moe_blocks}
+                        "weight_dtype": "F8_E4M3", "scale_dtype": self.scale_dtype,
+                        "block": [rows, cols], "experts": [0, self.model.n_routed_experts]}
+                for block in self.model.moe_blocks}
 
-    def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
+    def update_config(self, config: dict) -> dict:
         """e8m0: `expert_dtype` removed (wherever it is); f32: `expert_dtype: "fp8"` where the dialect keeps it."""
         config = dict(config)
-        f32 = _scale_dtype(opts) == "f32"
+        f32 = self.f32
         text = dict(config.get("text_config") or {}) if "text_config" in config else None
         qkey = "quantization_config"
         top_q = dict(config[qkey]) if isinstance(config.get(qkey), dict) else None
@@ -190,7 +165,7 @@ class Fp8BlockTarget(Target):
             if d is not None:
                 d.pop("expert_dtype", None)
         if f32:
-            if model.dialect == "v4.1":  # V4.1 keeps expert_dtype inside quantization_config
+            if self.model.dialect == "v4.1":  # V4.1 keeps expert_dtype inside quantization_config
                 q = top_q if top_q is not None else text_q
                 if q is None:
                     top_q = q = {}

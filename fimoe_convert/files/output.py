@@ -1,20 +1,21 @@
-"""`fimoe-manifest.json` (schema `fimoe-manifest/1`): write atomically, read, verify an output folder,
-and read output tensors by name (for `verify --deep` and the runtime shim)."""
+"""The OUT folder: its manifest (`fimoe-manifest.json`, schema `fimoe-manifest/1`) and per-rank status files,
+written atomically and read back; checks of OUT before a conversion; clearing an earlier conversion; verifying
+a finished folder; reading output tensors by name (for `verify --deep` and the runtime shim)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from .errors import InputError
-from .safetensors_io import TMP_SUFFIX, atomic_write_bytes, read_header, read_tensors, sha256_file
+from ..errors import InputError
+from .safetensors import INDEX_NAME, TMP_SUFFIX, atomic_write_bytes, read_header, read_tensors, sha256_file
 
 SCHEMA = "fimoe-manifest/1"
 MANIFEST_NAME = "fimoe-manifest.json"
-INDEX_NAME = "model.safetensors.index.json"
+SHARD_GLOB = "model-*-of-*.safetensors"
 
 
 def dumps(obj: dict) -> bytes:
@@ -78,10 +79,6 @@ def remove_rank_status(out_dir: Path) -> None:
 def copy_file(src: Path, dst: Path) -> None:
     """Copy a small file through a temporary name (tokenizer files and the like)."""
     atomic_write_bytes(dst, Path(src).read_bytes())
-
-
-def is_temporary(name: str) -> bool:
-    return name.endswith(TMP_SUFFIX)
 
 
 def remove_temporaries(out_dir: Path) -> None:
@@ -153,7 +150,7 @@ def verify_files(out_dir: Path, manifest: dict | None = None) -> VerifyResult:
     return VerifyResult(len(files), total, problems)
 
 
-def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") -> dict[str, torch.Tensor]:
+def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") -> dict:
     """Tensors by name from a converted folder, straight to `device`, opening only the shards that hold them."""
 
     out_dir = Path(out_dir)
@@ -164,7 +161,76 @@ def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") ->
             raise InputError(f"{out_dir / INDEX_NAME}: tensor {name!r} not found; the output was made by another "
                              "target or version, convert again")
         by_file.setdefault(weight_map[name], []).append(name)
-    out: dict[str, torch.Tensor] = {}
+    out: dict = {}
     for rel, ns in sorted(by_file.items()):
         out.update(read_tensors(out_dir / rel, ns, device))
     return out
+
+
+def check_out(src: Path, out: Path, resume: bool, overwrite: bool) -> list[str]:
+    """Problems with OUT as the destination of a conversion of the checkpoint folder `src`."""
+    problems = []
+    out_r = out.resolve()
+    if out_r == src or out_r.is_relative_to(src):
+        problems.append(f"OUT {out}: lies inside SRC {src}; choose a folder outside the checkpoint "
+                        "(fimoe-convert never writes into its input)")
+        return problems  # OUT == SRC would also 'contain SRC' and 'not be empty': one line says it
+    if src.is_relative_to(out_r):
+        problems.append(f"OUT {out}: contains SRC {src}; choose an empty folder elsewhere")
+    parent = out_r if out_r.exists() else out_r.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        problems.append(f"OUT {out}: {parent} is not writable; choose a folder you can write to")
+    if out_r.exists() and not out_r.is_dir():
+        problems.append(f"OUT {out}: is a file; expected a folder")
+    elif out_r.is_dir() and any(out_r.iterdir()) and not (resume or overwrite):
+        problems.append(f"OUT {out}: is not empty; pass --resume to finish an interrupted conversion, "
+                        "--overwrite to replace it, or choose an empty folder")
+    elif overwrite and out_r.is_dir() and any(out_r.iterdir()) and not (out_r / MANIFEST_NAME).exists():
+        problems.append(f"OUT {out}: --overwrite replaces only a fimoe-convert output, and this folder has no "
+                        f"{MANIFEST_NAME}; choose an empty folder")
+    return problems
+
+
+def free_disk(out: Path) -> tuple[Path, int]:
+    """(the nearest existing folder of OUT, its free bytes)."""
+    root = out.resolve()
+    while not root.exists():
+        root = root.parent
+    return root, shutil.disk_usage(root).free
+
+
+def prepare_out(out_dir: Path, overwrite: bool) -> None:
+    """Create OUT; with `overwrite`, first remove what an earlier conversion wrote (the manifest's files,
+    shards, status files, temporaries); temporaries of an interrupted run go in any case."""
+    if overwrite and out_dir.exists():
+        old = read_manifest(out_dir)
+        for rel in list(old.get("files", {})) + list(old.get("status", {})):
+            (out_dir / rel).unlink(missing_ok=True)
+        for p in out_dir.glob(SHARD_GLOB):
+            p.unlink()
+        remove_temporaries(out_dir)
+        remove_rank_status(out_dir)
+        (out_dir / MANIFEST_NAME).unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(out_dir)
+
+
+def strays(out_dir: Path, names: set[str]) -> list[str]:
+    """Files under OUT (relative, sorted) other than `names`."""
+    return sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")
+                  if p.is_file() and p.relative_to(out_dir).as_posix() not in names)
+
+
+def file_sizes(out_dir: Path, names: list[str]) -> dict[str, int]:
+    return {n: (out_dir / n).stat().st_size for n in names}
+
+
+def has_manifest(out_dir: Path) -> bool:
+    return (out_dir / MANIFEST_NAME).exists()
+
+
+def matches_record(path: Path, rec: dict) -> bool:
+    """The file exists with the recorded size and sha256."""
+    return path.is_file() and path.stat().st_size == rec["size"] and sha256_file(path) == rec["sha256"]

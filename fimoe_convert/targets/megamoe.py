@@ -13,26 +13,18 @@ from typing import Iterable
 
 import torch
 
-from ..checkpoint import ModelSpec
-from ..errors import InputError
+from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
-from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
+from .base import Target, check_scales, kernel_target_config, to_host
 
-TILE = 128  # the kernel's N and K tile (elements)
-SYMM_HIDDEN_MULTIPLE = 256  # MegaMoESymmBuffer needs hidden % 256 == 0
-MAX_RANKS = 32
 LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
 # Leaf order of the object mxfp4_mega_moe takes: (l1, l2, l1_global_scales, l2_global_scales). In the file each
 # leg's weight comes before its global scale (names sort that way), so a unit's tiny scale piece waits, not its weight.
 STRUCTURE = (("l1", "weight"), ("l2", "weight"), ("l1", "weight_global_scale"), ("l2", "weight_global_scale"))
 UNIT_BYTES = 64 << 20  # output bytes per unit (a chunk of one leg's experts) when the converter gives none
 GLOBAL_SCALE_BYTES = 4  # one FP32 per expert
-
-
-class LossyRepackError(InputError):
-    pass
 
 
 def _transform(l1, l2):
@@ -97,49 +89,23 @@ def prefix(block: str, rank: int) -> str:
     return f"{block}.ffn.experts.ep{rank}"
 
 
-class MegaMoeSm90Mxfp4(Target):
-    info = TargetInfo(
-        name="megamoe_sm90_mxfp4",
-        description="flashinfer.megamoe SM90 fused MegaMoE: MXFP4 tiles + per-expert FP32 global scales",
-        kernel_name="megamoe_sm90_mxfp4",
-        capabilities=("9.0",),
-        weight_format="mxfp4 (FP4 checkpoint verbatim, Marlin order)",
-        activation_format="fp8_e4m3 (1x128 blocks)",
-        consumes="fp4",
-        needs_nvshmem=False,
-        needs_packages=("flashinfer",),
-        runtime_module="flashinfer.megamoe",
-    )
-
-    def __init__(self):
+class MegaMoeTarget(Target):
+    def __init__(self, *args):
+        super().__init__(*args)
         self._reports: dict[str, WindowReport] = {}
         self._lock = threading.Lock()
 
-    def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
-        p = []
-        h, i = model.hidden_size, model.moe_intermediate_size
-        if h % SYMM_HIDDEN_MULTIPLE:
-            p.append(f"--target {self.info.name}: hidden_size {h} must be a multiple of {SYMM_HIDDEN_MULTIPLE} "
-                     "(MegaMoESymmBuffer); this model cannot use this kernel, use --target bf16")
-        if i % TILE:
-            p.append(f"--target {self.info.name}: moe_intermediate_size {i} must be a multiple of {TILE}; "
-                     "use --target bf16")
-        n = opts.ep_size
-        if n > MAX_RANKS or n & (n - 1):
-            p.append(f"--ep-size {n}: {self.info.name} runs on a power-of-two number of ranks up to {MAX_RANKS}")
-        return p
-
-    def units(self, model: ModelSpec, opts: TargetOptions) -> list[Unit]:
+    def units(self) -> list[Unit]:
         """Per block, EP rank and leg, chunks of experts whose output is about `opts.unit_bytes`: the
         transform is per expert, so chunks concatenate to the bytes of the whole rank at once."""
-        shapes = _tile_shapes(model.hidden_size, model.moe_intermediate_size)
+        shapes = _tile_shapes(self.model.hidden_size, self.model.moe_intermediate_size)
         units = []
-        for block in model.moe_blocks:
-            for rank, (lo, hi) in enumerate(rank_ranges(model, opts)):
+        for block in self.model.moe_blocks:
+            for rank, (lo, hi) in enumerate(self.ranks()):
                 pre = prefix(block, rank)
                 for leg, shape in shapes.items():
                     per_expert = math.prod(shape) + GLOBAL_SCALE_BYTES
-                    step = max(1, (opts.unit_bytes or UNIT_BYTES) // per_expert)
+                    step = max(1, (self.opts.unit_bytes or UNIT_BYTES) // per_expert)
                     for a in range(lo, hi, step):
                         b = min(hi, a + step)
                         key = f"{pre}.{leg}.{a}-{b}"
@@ -147,12 +113,11 @@ class MegaMoeSm90Mxfp4(Target):
                                 OutTensor(f"{pre}.{leg}.weight_global_scale", "F32", (b - a,), key, rank))
                         ins = tuple(f"{block}.ffn.experts.{j}.{w}.{kind}" for j in range(a, b)
                                     for w in LEG_SOURCES[leg] for kind in ("weight", "scale"))
-                        units.append(Unit(key, block, rank, (a, b), ins, outs,
-                                          {"allow_lossy": opts.allow_lossy, "leg": leg}))
+                        units.append(Unit(key, block, rank, (a, b), ins, outs, leg))
         return units
 
-    def run(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        got = self.transform(unit, inputs, device)
+    def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        got = self.transform(unit, inputs)
         out = {}
         for t in unit.outputs:
             v = to_host(got[t.name])
@@ -161,11 +126,11 @@ class MegaMoeSm90Mxfp4(Target):
             out[t.name] = v
         return out
 
-    def transform(self, unit: Unit, inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-        """The unit's kernel-ready rows on `device`, by output name (its leg's `weight` and
+    def transform(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The unit's kernel-ready rows on the options' device, by output name (its leg's `weight` and
         `weight_global_scale`): what a server would otherwise compute at load time."""
         lo, hi = unit.experts
-        leg = unit.params["leg"]
+        leg, device, allow_lossy = unit.leg, self.opts.device, self.opts.allow_lossy
         check_scales(inputs)
 
         def stack(kind):
@@ -175,8 +140,8 @@ class MegaMoeSm90Mxfp4(Target):
             return per_source[0] if len(per_source) == 1 else torch.cat(per_source, dim=1)
 
         p, s = stack("weight"), stack("scale")
-        newp, news, g, rep, bad = window_scales(p, s, unit.params["allow_lossy"])
-        if bad and not unit.params["allow_lossy"]:
+        newp, news, g, rep, bad = window_scales(p, s, allow_lossy)
+        if bad and not allow_lossy:
             which = ", ".join(str(lo + b) for b in bad[:8])
             raise LossyRepackError(
                 f"{unit.block} experts {which} ({'gate/up' if leg == 'l1' else 'down'}): scale bytes span more than "
@@ -201,17 +166,16 @@ class MegaMoeSm90Mxfp4(Target):
     def merge_reports(self, parts: list[dict]) -> dict:
         return _window_json([WindowReport(**p["mxfp4_window"]) for p in parts if "mxfp4_window" in p])
 
-    def layers_record(self, model: ModelSpec, opts: TargetOptions, units: list[Unit]) -> dict:
-        shapes = _tile_shapes(model.hidden_size, model.moe_intermediate_size)
+    def layers_record(self, units: list[Unit]) -> dict:
+        shapes = _tile_shapes(self.model.hidden_size, self.model.moe_intermediate_size)
         rec: dict[str, dict] = {}
-        for block in model.moe_blocks:
-            for rank, (lo, hi) in enumerate(rank_ranges(model, opts)):
+        for block in self.model.moe_blocks:
+            for rank, (lo, hi) in enumerate(self.ranks()):
                 pre, e = prefix(block, rank), hi - lo
                 leaves = [{"tensor": f"{pre}.{leg}.{slot}", "dtype": "uint8" if slot == "weight" else "float32",
                            "shape": [e, *shapes[leg]] if slot == "weight" else [e]} for leg, slot in STRUCTURE]
                 rec.setdefault(block, {})[str(rank)] = {"experts": [lo, hi], "structure": {"tuple": leaves}}
         return rec
 
-    def update_config(self, config: dict, model: ModelSpec, opts: TargetOptions) -> dict:
-        return {**config, "fimoe_convert": {"target": self.info.name, "ep_size": opts.ep_size,
-                                            "manifest": "fimoe-manifest.json"}}
+    def update_config(self, config: dict) -> dict:
+        return kernel_target_config(self, config)

@@ -9,15 +9,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-import torch
+from ..checkpoint import (EXPERT_LEGS, ModelSpec, expected_expert_tensors, model_spec_from_config, natural_key,
+                          parse_expert_name)
+from ..errors import InputError, UsageError, ValidationError
+from .safetensors import INDEX_NAME, SINGLE_NAME, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
 
-from .checkpoint import (EXPERT_LEGS, ModelSpec, expected_expert_tensors, model_spec_from_config, natural_key,
-                         parse_expert_name)
-from .errors import InputError, UsageError, ValidationError
-from .safetensors_io import Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
-
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -52,26 +48,24 @@ class Source:
     def path_of(self, name: str) -> Path:
         return self.root / self.weight_map[name]
 
-    def read_raw(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    def read_raw(self, name: str, out=None):
         """Raw bytes of tensor `name` (uint8, CPU)."""
         return read_bytes(self.path_of(name), self.info(name), out)
 
-    def read_range(self, name: str, start: int, end: int) -> torch.Tensor:
+    def read_range(self, name: str, start: int, end: int):
         """Bytes [start, end) of tensor `name` (uint8, CPU), for streaming large copies."""
         info = self.info(name)
         part = TensorInfo(name, info.dtype, info.shape, info.start + start, info.start + end)
         return read_bytes(self.path_of(name), part)
 
-    def read(self, name: str, pin: bool = False) -> torch.Tensor:
+    def read(self, name: str, pin: bool = False):
         """Tensor `name` with its checkpoint dtype and shape (CPU; in pinned memory with `pin`, so a copy
         to the GPU can run without waiting)."""
+        import torch
+
         info = self.info(name)
         out = torch.empty(info.nbytes, dtype=torch.uint8, pin_memory=True) if pin else None
         return as_typed(self.read_raw(name, out), info.dtype, info.shape)
-
-    @property
-    def shard_files(self) -> list[str]:
-        return sorted(self.headers)
 
     def input_files(self) -> list[str]:
         """Every file the conversion reads: config, index, shards, copied files (sorted)."""
@@ -97,6 +91,13 @@ class Source:
             self._known_sha[rel] = sha
         return FileRecord(size, sha)
 
+    def file_size(self, rel: str) -> int:
+        """Bytes of an input file, 0 if it cannot be read (the error comes when it is read)."""
+        try:
+            return (self.root / rel).stat().st_size
+        except OSError:
+            return 0
+
     @property
     def total_bytes(self) -> int:
         return sum(h.file_size for h in self.headers.values())
@@ -118,6 +119,18 @@ def local_dir_sha256(root: Path, rel: str) -> str | None:
     except (OSError, IndexError, ValueError):
         return None
     return etag if fresh and _SHA256_RE.match(etag) else None
+
+
+def read_rate(root: Path, sample_bytes: int) -> tuple[int, float]:
+    """(bytes, seconds) of reading up to `sample_bytes` from the start of the largest shard under `root`."""
+    import time
+
+    biggest = max(root.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    sample, t0 = 0, time.perf_counter()
+    with open(biggest, "rb", buffering=0) as f:
+        while sample < sample_bytes and (chunk := f.read(8 * 2**20)):
+            sample += len(chunk)
+    return sample, time.perf_counter() - t0
 
 
 def _is_repo_id(spec: str) -> bool:

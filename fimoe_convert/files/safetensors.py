@@ -19,14 +19,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
-import torch
 
-from .dtypes import DTYPES, tensor_nbytes
-from .errors import InputError
+from ..dtypes import DTYPES, tensor_nbytes, torch_dtype
+from ..errors import InputError
 
+INDEX_NAME = "model.safetensors.index.json"  # Hugging Face's name for a sharded checkpoint's index
+SINGLE_NAME = "model.safetensors"  # an unsharded checkpoint's one file
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own cap
 HEADER_ALIGN = 8  # bytes; headers are space-padded so data starts 8-aligned
 TMP_SUFFIX = ".fimoe-tmp"
@@ -144,8 +144,10 @@ def _pread_exact(fd: int, view: memoryview, path: Path, info: TensorInfo, first:
         got += n
 
 
-def read_bytes(path: Path, info: TensorInfo, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The raw bytes of one tensor as a uint8 CPU tensor (into `out` when given)."""
+def read_bytes(path: Path, info: TensorInfo, out=None):
+    """The raw bytes of one tensor as a uint8 CPU tensor (into the torch tensor `out` when given)."""
+    import torch
+
     buf = out if out is not None else torch.empty(info.nbytes, dtype=torch.uint8)
     view = memoryview(buf.numpy()).cast("B")
     try:
@@ -160,9 +162,9 @@ def read_bytes(path: Path, info: TensorInfo, out: torch.Tensor | None = None) ->
     return buf
 
 
-def as_typed(raw: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """View raw uint8 bytes as a typed tensor of `shape` (F4 keeps its packed byte shape)."""
-    tdtype = DTYPES[dtype][1]
+def as_typed(raw, dtype: str, shape: tuple[int, ...]):
+    """View raw uint8 bytes (a torch tensor) as a typed tensor of `shape` (F4 keeps its packed byte shape)."""
+    tdtype = torch_dtype(dtype)
     if dtype == "F4":
         shape = (*shape[:-1], shape[-1] // 2)
     return raw.view(tdtype).reshape(shape)
@@ -173,13 +175,15 @@ READ_THREADS = 8  # parallel reads: page-cache copies and NVMe queues both scale
 TENSOR_ALIGN = 64  # bytes: each tensor's start in the shared host buffer, so any dtype can view it
 
 
-def read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, names: list[str], device="cpu") -> dict:
     """Tensors `names` of one safetensors file, typed and shaped from its header, on `device`.
 
     All of them are read into one host buffer with parallel positional reads (pinned when `device` is
     CUDA, each chunk then copied to it without waiting, on the caller's stream): a load is bound by how
     fast bytes arrive, and a single reader thread leaves most of the page cache's and the disk's
     bandwidth unused."""
+    import torch
+
     path = Path(path)
     header = read_header(path)
     missing = [n for n in names if n not in header.tensors]
@@ -442,6 +446,8 @@ class _StagedFile:
 def _as_bytes(data) -> np.ndarray:
     """The bytes of a CPU tensor (row-major) or a bytes-like object as a flat uint8 array, without a copy
     where the data is already contiguous."""
+    import torch
+
     if isinstance(data, torch.Tensor):
         t = data.detach()
         if t.device.type != "cpu":
@@ -548,12 +554,6 @@ def sha256_file(path: Path, block: int = IO_BLOCK) -> str:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()
-
-
-def iter_file_blocks(path: Path, block: int = IO_BLOCK) -> Iterator[bytes]:
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(block):
-            yield chunk
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> WrittenFile:

@@ -1,0 +1,43 @@
+"""`inspect SRC`: what a checkpoint holds and which targets fit it; `targets`: every target and whether it
+can be converted here now."""
+
+from __future__ import annotations
+
+from .checkpoint import parse_expert_name, variant_name
+from .files.source import open_source
+from .kernels import KERNELS
+from .options import parse_arch
+from .targets import TargetOptions, availability, validate
+
+
+def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_size: int = 1,
+            arch: str | None = None) -> dict:
+    """What the checkpoint holds (geometry, tensor classes, bytes) and which targets fit it."""
+    source = open_source(src, revision=revision, offline=offline)
+    model = source.model
+    expert_bytes = sum(source.info(n).nbytes for n in source.weight_map if parse_expert_name(n))
+    classes: dict[str, int] = {}
+    for n in source.weight_map:
+        kind = f"{'routed expert' if parse_expert_name(n) else 'other'} {source.info(n).dtype}"
+        classes[kind] = classes.get(kind, 0) + 1
+    opts = TargetOptions(ep_size=ep_size, arch=parse_arch(arch), device="cuda")
+    fits = {k.name: [p for p in validate(k, model, opts) if not p.startswith("--device")] or "fits"
+            for k in KERNELS}
+    return {"source": source.spec, "root": str(source.root), "revision": source.revision,
+            "variant": variant_name(model, source.config), "model": model.to_json(), "shards": len(source.headers),
+            "tensors": len(source.weight_map), "bytes": source.total_bytes, "routed_expert_bytes": expert_bytes,
+            "tensor_classes": dict(sorted(classes.items())), "files": source.input_files(), "targets": fits}
+
+
+def list_targets() -> list[dict]:
+    """Every target, what it declares, and whether this machine can run its conversion now."""
+    rows = []
+    for k in KERNELS:
+        ok, why = availability(k)
+        rows.append({"name": k.name, "kernel_name": k.kernel_name, "aliases": list(k.aliases),
+                     "vllm_moe_backend": k.vllm_moe_backend, "capabilities": list(k.capabilities),
+                     "weight_format": k.weight_format, "activation_format": k.activation_format,
+                     "needs_nvshmem": k.needs_nvshmem, "preprocess_needs_cuda": k.preprocess_needs_cuda,
+                     "needs_packages": list(k.needs_packages), "available_here": ok, "why": why,
+                     "description": k.description})
+    return rows

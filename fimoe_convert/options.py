@@ -1,0 +1,72 @@
+"""A conversion's flags, parsed and checked before SRC is opened (each error names its flag)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UsageError
+from .kernels import Kernel, get_kernel
+from .sizes import parse_size
+from .targets import TargetOptions
+
+DEFAULT_SHARD_SIZE = "5GB"
+DEFAULT_MAX_MEMORY = "8GiB"
+UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their work (fewer with --max-memory/32)
+
+
+def resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device {device}: expected auto, cpu or cuda")
+    if device == "cpu":
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible to torch here; use --device cpu or auto")
+    return device
+
+
+def parse_arch(arch: str | None) -> tuple[int, int] | None:
+    if arch is None:
+        return None
+    try:
+        major, minor = (int(p) for p in arch.split("."))
+    except ValueError:
+        raise UsageError(f"--arch {arch}: expected a compute capability like 9.0 or 10.0") from None
+    return major, minor
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    kernel: Kernel
+    target: TargetOptions
+    shard_bytes: int
+    memory_bytes: int
+    writers: int | None
+
+    @classmethod
+    def parse(cls, target: str, *, ep_size: int, device: str, arch: str | None, max_memory: str | int,
+              shard_size: str | int, allow_lossy: bool, params: dict | None, resume: bool, overwrite: bool,
+              writers: int | None) -> "ConvertOptions":
+        if resume and overwrite:
+            raise UsageError("--resume and --overwrite: pass one of them, not both")
+        if writers is not None and writers < 1:
+            raise UsageError(f"--writers {writers}: expected 1 or more shards written at once (or leave it out: auto)")
+        shard_bytes = parse_size(shard_size, "--shard-size")
+        memory_bytes = parse_size(max_memory, "--max-memory")
+        kernel = get_kernel(target)
+        dev = resolve_device(device)
+        cap = parse_arch(arch)
+        if cap is None and dev == "cuda":
+            import torch
+
+            cap = torch.cuda.get_device_capability()
+        opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}),
+                             unit_bytes=min(UNIT_BYTES_MAX, memory_bytes // 32))
+        return cls(kernel, opts, shard_bytes, memory_bytes, writers)
+
+    def record(self) -> dict:
+        """The manifest's `options`: what must match for --resume (any unit size gives the same output)."""
+        return {"target": self.kernel.name, "shard_size": self.shard_bytes, **self.target.to_json()}

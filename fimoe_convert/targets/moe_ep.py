@@ -1,0 +1,169 @@
+"""Every `flashinfer.moe_ep` megakernel target, driven by its row of the kernel table.
+
+Each kernel's weights are produced by FlashInfer itself, on the path `MegaConfig(preprocess_weights=True)`
+takes at load time: the registry builds the kernel backend from its config, and
+`backend.preprocess_weights(MoEWeightPack, FleetParams)` returns the transformed weights. This module
+only builds the pack (the FP4 checkpoint verbatim, or its exact BF16 dequant) and stores the result
+faithfully (numerics.structure). Output shapes are asked of FlashInfer by preprocessing one and two
+all-zero experts (every leaf dimension is linear in the expert count)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ..checkpoint import EXPERT_LEGS, ModelSpec
+from ..dtypes import st_dtype
+from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
+from ..numerics.structure import flatten
+from ..plan import OutTensor, Unit
+from .base import Target, check_scales, kernel_target_config, to_host
+
+PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
+LEG_NAMES = ("fc1", "fc2")
+PROBE_PREFIX = "PROBE"
+
+
+def _moe_ep():
+    import flashinfer.moe_ep as me
+
+    return me
+
+
+class MoeEpTarget(Target):
+    """A `flashinfer.moe_ep` megakernel: one unit per MoE block and EP rank."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._probes: dict[int, tuple[dict, dict]] = {}
+
+    # FlashInfer calls ------------------------------------------------------------------------------
+
+    def kernel_config(self, model: ModelSpec):
+        cls = getattr(_moe_ep(), self.kernel.config_class)
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        kw = dict(self.opts.params)
+        if "intermediate_size" in fields:
+            kw["intermediate_size"] = model.moe_intermediate_size
+        if "top_k" in fields:
+            kw["top_k"] = model.num_experts_per_tok
+        return cls(**kw)
+
+    def preprocess(self, model: ModelSpec, pack_tensors: tuple, n_experts: int):
+        me = _moe_ep()
+        from flashinfer.moe_ep.core.kernel import registry
+
+        backend = registry.create_mega_kernel(self.kernel_config(model))
+        backend.bind_ep_bootstrap(me.BootstrapConfig(world_size=1, rank=0))
+        fleet = me.FleetParams(num_experts=n_experts, max_tokens_per_rank=PROBE_TOKENS,
+                               token_hidden_size=model.hidden_size)
+        return backend.preprocess_weights(me.MoEWeightPack(*pack_tensors), fleet)
+
+    def build_pack(self, w1, w3, w2, s1, s3, s2, model: ModelSpec) -> tuple:
+        """MoEWeightPack tensors from stacked per-expert tensors [E, out, in/2] (+ scales)."""
+        device = self.opts.device
+        if self.kernel.pack_format == "bf16":
+            if model.expert_dtype == "fp8":
+                deq = functools.partial(dequant_fp8_block_to_bf16, block=model.weight_block_size)
+                w13 = torch.cat([torch.stack([deq(a, b) for a, b in zip(w1, s1)]),
+                                 torch.stack([deq(a, b) for a, b in zip(w3, s3)])], dim=1)
+                return w13.to(device), torch.stack([deq(a, b) for a, b in zip(w2, s2)]).to(device)
+            w1, w3, w2, s1, s3, s2 = (t.to(device) for t in (w1, w3, w2, s1, s3, s2))
+            w13 = torch.cat([dequant_fp4_to_bf16(w1, s1), dequant_fp4_to_bf16(w3, s3)], dim=1)  # gate rows, then up
+            return w13, dequant_fp4_to_bf16(w2, s2)
+        sdtype = torch.float8_e8m0fnu if self.kernel.pack_format == "fp4_e8m0" else torch.uint8
+        w13 = torch.cat([w1, w3], dim=1).view(torch.uint8)
+        s13 = torch.cat([s1, s3], dim=1).view(torch.uint8).view(sdtype)
+        return tuple(t.contiguous().to(device)
+                     for t in (w13, w2.view(torch.uint8), s13, s2.view(torch.uint8).view(sdtype)))
+
+    # Planning ---------------------------------------------------------------------------------------
+
+    def _probe(self, n: int) -> tuple[dict, dict]:
+        """(structure, {leaf: [dtype, stored shape]}) of FlashInfer's output for `n` all-zero experts."""
+        if n not in self._probes:
+            h, i = self.model.hidden_size, self.model.moe_intermediate_size
+            z = functools.partial(torch.zeros, dtype=torch.uint8)
+            zs = functools.partial(torch.full, fill_value=127, dtype=torch.uint8)
+            spec = dataclasses.replace(self.model, expert_dtype="fp4")
+            pack = self.build_pack(z(n, i, h // 2), z(n, i, h // 2), z(n, h, i // 2), zs((n, i, h // 32)),
+                                   zs((n, i, h // 32)), zs((n, h, i // 32)), spec)
+            structure, tensors = flatten(self.preprocess(spec, pack, n), PROBE_PREFIX, LEG_NAMES)
+            self._probes[n] = structure, {k: [st_dtype(t.dtype), list(t.shape)] for k, t in tensors.items()}
+        return self._probes[n]
+
+    def planned(self, n: int, prefix: str) -> tuple[dict, dict]:
+        """Structure and stored leaf shapes for `n` experts under `prefix`: every integer of the probes
+        at one and two experts extended linearly (layouts are per expert); `run` checks the real output."""
+        structure, leaves = _extrapolate(self._probe(1), self._probe(2), n)
+        rename = lambda name: prefix + name.removeprefix(PROBE_PREFIX)  # noqa: E731
+        return _renamed(structure, rename), {rename(k): (d, tuple(sh)) for k, (d, sh) in leaves.items()}
+
+    def units(self) -> list[Unit]:
+        units = []
+        for block in self.model.moe_blocks:
+            for rank, (lo, hi) in enumerate(self.ranks()):
+                pre = f"{block}.ffn.experts.ep{rank}"
+                _, shapes = self.planned(hi - lo, pre)
+                outs = tuple(OutTensor(k, d, s, pre, rank) for k, (d, s) in shapes.items())
+                ins = tuple(f"{block}.ffn.experts.{j}.{leg}.{kind}" for j in range(lo, hi)
+                            for leg in EXPERT_LEGS for kind in ("weight", "scale"))
+                units.append(Unit(pre, block, rank, (lo, hi), ins, outs))
+        return units
+
+    # Conversion -------------------------------------------------------------------------------------
+
+    def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        check_scales(inputs)
+        lo, hi = unit.experts
+
+        def stack(leg, kind):
+            return torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{leg}.{kind}"] for j in range(lo, hi)])
+
+        pack = self.build_pack(stack("w1", "weight"), stack("w3", "weight"), stack("w2", "weight"),
+                               stack("w1", "scale"), stack("w3", "scale"), stack("w2", "scale"), self.model)
+        structure, tensors = flatten(self.preprocess(self.model, pack, hi - lo), unit.key, LEG_NAMES)
+        want, _ = self.planned(hi - lo, unit.key)
+        if structure != want:
+            raise AssertionError(f"{unit.key}: FlashInfer's output structure differs from the planned one")
+        out = {}
+        for t in unit.outputs:
+            v = tensors.pop(t.name, None)
+            if v is None or tuple(v.shape) != t.shape or st_dtype(v.dtype) != t.dtype:
+                got = None if v is None else (st_dtype(v.dtype), tuple(v.shape))
+                raise AssertionError(f"{t.name}: FlashInfer returned {got}, planned {(t.dtype, t.shape)}")
+            out[t.name] = to_host(v)
+        if tensors:
+            raise AssertionError(f"{unit.key}: FlashInfer returned unplanned tensors {sorted(tensors)}")
+        return out
+
+    def layers_record(self, units: list[Unit]) -> dict:
+        rec: dict[str, dict] = {}
+        for u in units:
+            structure, _ = self.planned(u.experts[1] - u.experts[0], u.key)
+            rec.setdefault(u.block, {})[str(u.rank)] = {"experts": list(u.experts), "structure": structure}
+        return rec
+
+    def update_config(self, config: dict) -> dict:
+        return kernel_target_config(self, config)
+
+
+def _extrapolate(one, two, n: int):
+    """Walk two JSON-like probes of equal shape; ints that differ are extended linearly to `n`."""
+    if isinstance(one, dict):
+        return {k: _extrapolate(one[k], two[k], n) for k in one}
+    if isinstance(one, (list, tuple)):
+        return type(one)(_extrapolate(a, b, n) for a, b in zip(one, two))
+    if type(one) is int and type(two) is int:
+        return one + (two - one) * (n - 1)
+    return one
+
+
+def _renamed(node, rename):
+    if isinstance(node, dict):
+        return {k: (rename(v) if k == "tensor" else _renamed(v, rename)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renamed(v, rename) for v in node]
+    return node

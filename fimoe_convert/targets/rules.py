@@ -1,0 +1,115 @@
+"""What a target asks of the model and the options, read from the kernel table (pure: no torch, no FlashInfer,
+so `inspect` and `targets` can judge every target quickly). Each problem names its flag."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .. import versions
+from ..checkpoint import ModelSpec
+from ..dtypes import FP4_GROUP
+from ..kernels import Kernel
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    ep_size: int = 1
+    arch: tuple[int, int] | None = None  # compute capability checked against the kernel's capabilities
+    device: str = "cpu"
+    allow_lossy: bool = False
+    params: dict = field(default_factory=dict)
+    # Output bytes per unit that a target able to split its work aims for (from --max-memory); any value
+    # gives the same output, so it is not recorded.
+    unit_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        return {"ep_size": self.ep_size, "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}",
+                "allow_lossy": self.allow_lossy, "params": dict(sorted(self.params.items()))}
+
+
+def target_record(kernel: Kernel, opts: TargetOptions) -> dict:
+    """The manifest's `target`: the kernel's facts the runtime and the model card need, and the --param values."""
+    return {"name": kernel.name, "kernel_name": kernel.kernel_name, "vllm_moe_backend": kernel.vllm_moe_backend,
+            "capabilities": list(kernel.capabilities), "weight_format": kernel.weight_format,
+            "activation_format": kernel.activation_format, "needs_nvshmem": kernel.needs_nvshmem,
+            "runtime_module": kernel.runtime_module, "parameters": dict(sorted(opts.params.items()))}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]:
+    """Every problem with converting `model` for `kernel` with `opts`."""
+    problems = []
+    e = model.n_routed_experts
+    if opts.ep_size < 1 or e % opts.ep_size:
+        problems.append(f"--ep-size {opts.ep_size}: must divide the {e} routed experts "
+                        f"(n_routed_experts in config.json); try one of {divisors(e)[:8]}")
+    if kernel.consumes == "fp4" and model.expert_dtype != "fp4":
+        problems.append(f"--target {kernel.name}: consumes FP4 experts, but this checkpoint's experts are "
+                        f"{model.expert_dtype.upper()} (expert_dtype {model.expert_dtype!r}); use --target bf16")
+    if opts.arch is not None and kernel.capabilities:
+        arch = f"{opts.arch[0]}.{opts.arch[1]}"
+        if arch not in kernel.capabilities:
+            problems.append(f"--arch {arch}: --target {kernel.name} runs on compute capability "
+                            f"{' or '.join(kernel.capabilities)}; pick a target for {arch} (fimoe-convert targets)")
+    if kernel.preprocess_needs_cuda and opts.device != "cuda":
+        problems.append(f"--device {opts.device}: --target {kernel.name} preprocesses on a CUDA device only "
+                        "(FlashInfer's function needs CUDA tensors); run on a GPU machine with --device cuda")
+    if kernel.runtime_module:
+        v = versions.flashinfer()
+        if v is None or v < versions.MIN_FLASHINFER:
+            need = versions.show(versions.MIN_FLASHINFER)
+            problems.append(f"--target {kernel.name}: needs flashinfer-python >= {need}, found "
+                            f"{'none' if v is None else versions.show(v)}; pip install 'flashinfer-python>={need}'")
+    for key, mult in zip(("hidden_size", "moe_intermediate_size"), kernel.align):
+        val = getattr(model, key)
+        if val % mult:
+            problems.append(f"--target {kernel.name}: {key} {val} must be a multiple of {mult} for this kernel; "
+                            "use --target bf16 or another kernel (fimoe-convert targets)")
+    n = opts.ep_size
+    if kernel.max_ep_size and (n > kernel.max_ep_size or n & (n - 1)):
+        problems.append(f"--ep-size {n}: {kernel.name} runs on a power-of-two number of ranks up to "
+                        f"{kernel.max_ep_size}")
+    if kernel.family == "fp8_block":
+        rows, cols = model.weight_block_size
+        if cols % FP4_GROUP:
+            problems.append(f"--target {kernel.name}: quantization_config.weight_block_size is [{rows}, {cols}]; the "
+                            f"columns must be a multiple of {FP4_GROUP} (one tile holds whole FP4 scale groups); "
+                            "use --target bf16")
+    return problems + check_params(kernel, opts.params)
+
+
+def check_params(kernel: Kernel, params: dict) -> list[str]:
+    """Unknown --param keys and values outside the allowed ones, naming what the target takes."""
+    problems = []
+    takes = ", ".join(f"{k} ({'|'.join(v)})" for k, v in kernel.params.items()) or "no parameters"
+    for key, value in params.items():
+        if key not in kernel.params:
+            problems.append(f"--param {key}={value}: {kernel.name} takes {takes}")
+        elif value not in kernel.params[key]:
+            problems.append(f"--param {key}={value}: expected one of {', '.join(kernel.params[key])}")
+    return problems
+
+
+def availability(kernel: Kernel) -> tuple[bool, str]:
+    """Can this machine run the conversion now, and if not, why."""
+    for mod in kernel.needs_packages:
+        if importlib.util.find_spec(mod) is None:
+            return False, f"needs the {mod!r} package (not installed)"
+    if kernel.preprocess_needs_cuda and not cuda_visible():
+        return False, "preprocessing needs a CUDA device (none here)"
+    return True, "yes"
+
+
+def cuda_visible() -> bool:
+    """Whether torch sees a CUDA device; without importing torch (seconds) where no GPU device node exists."""
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/dxg")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
