@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from seed import load_all, same_bits, seed_dequant
+from reference import load_all, same_bits, seed_dequant
 
 from fimoe_convert.convert import convert
 from fimoe_convert.verify import verify

@@ -109,7 +109,7 @@ def test_shard_assignment_balances_bytes():
 
 def test_two_ranks_from_a_shared_hub_cache(hub_cache, tmp_path):
     """A Hub repo id under torchrun: every rank reads the one shared cache (offline), same bytes."""
-    from seed import HUB_REPO
+    from reference import HUB_REPO
 
     one, two = tmp_path / "one", tmp_path / "two"
     single = [sys.executable, "-m", "fimoe_convert", HUB_REPO, str(one), "--shard-size", "1MB", "-q", "--offline"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from seed import SEED_LUT, load_all, same_bits
+from reference import SEED_LUT, load_all, same_bits
 
 from fimoe_convert.convert import convert
 from fimoe_convert.verify import verify

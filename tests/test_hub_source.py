@@ -7,7 +7,7 @@ import pytest
 from fimoe_convert.convert import convert
 from fimoe_convert.verify import verify
 from fimoe_convert.errors import InputError, ValidationError
-from seed import HUB_COMMIT as COMMIT, HUB_REPO as REPO
+from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
 
 

@@ -22,7 +22,7 @@ from fimoe_convert.hub import model_card
 from fimoe_convert.files.output import MANIFEST_NAME
 from fimoe_convert.kernels import get_kernel
 from fimoe_convert.targets import TargetOptions, target_record
-from seed import HUB_COMMIT as COMMIT, HUB_REPO as REPO
+from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
 TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
 BF16_CMD = "fimoe-convert ./DeepSeek-V4-Tiny OUT --shard-size 3MB"

@@ -1,7 +1,7 @@
 """Reliability (issue 6): crash-resume, bad inputs through the CLI, header fuzzing, secrets, integrity.
 
-The long versions are scripts: scripts/crash_resume.py (20 SIGKILLs), scripts/fuzz_headers.py
-(100,000 inputs, hypothesis or atheris), scripts/flip_bytes.py (100 flips); docs/RELIABILITY.md
+The long versions are scripts: scripts/reliability/crash_resume.py (20 SIGKILLs), scripts/reliability/fuzz_headers.py
+(100,000 inputs, hypothesis or atheris), scripts/reliability/flip_bytes.py (100 flips); docs/RELIABILITY.md
 says what each shows. Every bad input here goes through the CLI and must give: the exit code,
 exactly one `error: ...` line naming the file or tensor, no traceback, the source untouched and
 no complete-looking OUT."""
@@ -42,7 +42,7 @@ INTERRUPTED = "error: interrupted; finished shards are kept: run the same comman
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_fimoe_script_{name}", ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_fimoe_script_{name}", ROOT / "scripts" / "reliability" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -101,7 +101,7 @@ def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
 
 
 def test_crash_resume_three_sigkills(tmp_path):
-    """The CI version of scripts/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written, while
+    """The CI version of scripts/reliability/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written, while
     the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
     cr = _script("crash_resume")
     c = cr.campaign(kills=3, seed=1, workdir=tmp_path, modes=("shard", "manifest", "read"), in_process=True,
@@ -143,7 +143,7 @@ def config_contradicts_tensors(src):
     damage._config(src, moe_intermediate_size=256)
 
 
-def index_names_dot(src):  # found by scripts/fuzz_headers.py: crashed with IndexError
+def index_names_dot(src):  # found by scripts/reliability/fuzz_headers.py: crashed with IndexError
     idx = damage._index(src)
     idx["weight_map"]["embed.weight"] = "."
     damage._write_index(src, idx)
@@ -350,7 +350,7 @@ def test_disk_full_in_one_of_three_writers(tiny_ckpt, tmp_path, monkeypatch):
 
 def test_disk_full_on_a_real_tmpfs(tmp_path):
     """A real ENOSPC from the kernel: OUT on a small tmpfs (private mount namespace) that fills up mid-run."""
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "crash_resume.py"), "--enospc-tmpfs",
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "reliability" / "crash_resume.py"), "--enospc-tmpfs",
                         "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120, env=child_env())
     res = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"skipped": p.stderr[-500:]}
     if res.get("skipped"):
@@ -441,7 +441,7 @@ def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
 
 
 def test_fuzz_headers_short(monkeypatch):
-    """The CI version of scripts/fuzz_headers.py: 2,000 hypothesis inputs; only FimoeError may escape."""
+    """The CI version of scripts/reliability/fuzz_headers.py: 2,000 hypothesis inputs; only FimoeError may escape."""
     fz = _script("fuzz_headers")
     r = fz.run_hypothesis(2000, seed=1, log=lambda *a: None)
     assert r["inputs"] >= 2000 and r["accepted"] > 0 and r["rejected"] > 0
@@ -536,7 +536,7 @@ def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
 
 
 def test_verify_detects_single_byte_flips(tmp_path):
-    """The CI version of scripts/flip_bytes.py: 10 random single-byte flips across output shards."""
+    """The CI version of scripts/reliability/flip_bytes.py: 10 random single-byte flips across output shards."""
     r = _script("flip_bytes").flip_campaign(10, seed=1, workdir=tmp_path, log=lambda *a: None)
     assert r["detected"] == 10 and r["missed"] == [] and r["restored_ok"]
 

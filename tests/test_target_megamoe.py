@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from seed import seed_dequant
+from reference import seed_dequant
 
 from fimoe_convert.convert import convert
 from fimoe_convert.verify import verify

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from seed import load_all, same_bits, seed_dequant
+from reference import load_all, same_bits, seed_dequant
 
 from fimoe_convert.checkpoint import variant_name
 from fimoe_convert.convert import convert

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Device-side driver for docs/H200_MOE_EP.md (run through the `device` tool, two back-to-back calls):
-#   call 1: carry [".carry1"] (cu13.tar.xz, the cutlass-DSL cu13 libs, xz)    -> bash scripts/h200_moe_ep.sh stage1
-#   call 2: carry [".carry2"] (flashinfer tree + cutlass-DSL/tvm-ffi wheels)  -> bash scripts/h200_moe_ep.sh stage2
+# Device-side driver for evidence/h200/H200_MOE_EP.md (run through the `device` tool, two back-to-back calls):
+#   call 1: carry [".carry1"] (cu13.tar.xz, the cutlass-DSL cu13 libs, xz)    -> bash dev/h200_moe_ep.sh stage1
+#   call 2: carry [".carry2"] (flashinfer tree + cutlass-DSL/tvm-ffi wheels)  -> bash dev/h200_moe_ep.sh stage2
 # Stage 1 unpacks into /tmp/S, which stays on the machine while it is warm; stage 2 adds the rest, then
 # runs the moe_ep checks, one moe_ep SM90 kernel on converted weights and bench_load
 # (`stage2 load`: bench_load only; `stage2 checks`: the checks only).
@@ -35,14 +35,14 @@ r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T)" | tee -a "$L"; loc
 rm -rf /tmp/k /tmp/o_*
 python3 -c "from fimoe_convert.testing import make_checkpoint; make_checkpoint('/tmp/k', 'tiny', layers=2, hash_layers=1, mtp=1, extreme_scales=False)"
 python3 -c 'import torch; from fimoe_convert.convert import resolve_device; print("convert device auto ->", resolve_device("auto"), torch.cuda.get_device_name())' | tee -a "$L"
-[ "$2" = load ] && { r 120 python3 scripts/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl; exit 0; }
-r 120 python3 tests/moe_ep_check.py sm90_fp8_fp8_bf16_pull_cutedsl /tmp/k /tmp/o_fp8 fp8_scale_mode=blockwise
-[ "$2" = nvfp4 ] && r 150 python3 tests/moe_ep_check.py --arch 10.0 sm100_nvfp4_nvfp4_bf16_cutedsl /tmp/k /tmp/o_nv
+[ "$2" = load ] && { r 120 python3 scripts/bench/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl; exit 0; }
+r 120 python3 tests/helpers/moe_ep_roundtrip.py sm90_fp8_fp8_bf16_pull_cutedsl /tmp/k /tmp/o_fp8 fp8_scale_mode=blockwise
+[ "$2" = nvfp4 ] && r 150 python3 tests/helpers/moe_ep_roundtrip.py --arch 10.0 sm100_nvfp4_nvfp4_bf16_cutedsl /tmp/k /tmp/o_nv
 [ "$2" = checks ] && exit 0
-r 240 env MEGA_NO_DIST=1 python3 scripts/run_moe_ep_sm90_h200.py --json $OUT/moe_ep.json
-r 120 python3 scripts/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl
+r 240 env MEGA_NO_DIST=1 python3 dev/run_moe_ep_sm90_h200.py --json $OUT/moe_ep.json
+r 120 python3 scripts/bench/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl
 # Last: the MXFP4 check, whose FlashInfer preprocess JIT-builds the whole CUTLASS fused_moe_90 module.
 B=/root/.cache/flashinfer/0.7.4/90a/cached_ops/fused_moe_90
-r ${MXFP4_TIMEOUT:-240} env MAX_JOBS=16 python3 tests/moe_ep_check.py sm90_fp8_mxfp4_bf16_pull_cutedsl /tmp/k /tmp/o_mx
+r ${MXFP4_TIMEOUT:-240} env MAX_JOBS=16 python3 tests/helpers/moe_ep_roundtrip.py sm90_fp8_mxfp4_bf16_pull_cutedsl /tmp/k /tmp/o_mx
 echo "fused_moe_90: $(find $B -name '*.o' 2>/dev/null | wc -l) objects built of $(grep -c '^build .*\.o:' $B/build.ninja 2>/dev/null) compile steps in build.ninja; $(ls $B/*.so 2>/dev/null | wc -l) .so" | tee -a "$L"
 date -u | tee -a "$L"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Integrity check: does `verify` notice a single flipped byte anywhere in an output shard?
 
-    python3 scripts/flip_bytes.py [--flips 100] [--seed 0] [--workdir DIR] [--region any|header]
+    python3 scripts/reliability/flip_bytes.py [--flips 100] [--seed 0] [--workdir DIR] [--region any|header]
 
 Converts a tiny fixture (`--target bf16 --shard-size 1MB`, several shards), then FLIPS times: picks a
 random output shard and a random byte in it (header or data, seeded), XORs it with a random non-zero
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's package, wherever the installed one points
 
 

@@ -3,7 +3,7 @@
 The floor: read every source file once, then write the same number of output bytes sequentially
 and fsync them. Prints `ratio convert/floor: X.XXx` (goal <= 1.25) and peak RSS of the conversion.
 
-usage: python3 scripts/bench_convert.py [--target bf16] [--device cpu|cuda] [--work DIR] [--layers N]
+usage: python3 scripts/bench/bench_convert.py [--target bf16] [--device cpu|cuda] [--work DIR] [--layers N]
        [--max-memory 8GiB] [--shard-size 5GB]
 """
 

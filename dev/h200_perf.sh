@@ -1,6 +1,6 @@
 #!/bin/bash
 # Device-side driver for docs/PERFORMANCE.md on a lent H200, one `run` call with carry [".fi-bundle"]
-# (FlashInfer's megamoe package, see docs/H200_PROOF.md):  bash scripts/h200_perf.sh [steps...]
+# (FlashInfer's megamoe package, see evidence/h200/H200_PROOF.md):  bash dev/h200_perf.sh [steps...]
 # Steps (default: the first eight): gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big
 # convert-megamoe convert-megamoe-big memory; also convert-bf16-big-shards (12 layers, 2GB shards) convert-bf16-huge (24 layers, ~21 GB) convert-megamoe-huge (40 layers, ~11 GB) load-megamoe load-megamoe-big (64 experts);
 # diagnostics: diag startup profile (py-spy, carry [".fi-bundle", ".carry-tools"]).
@@ -29,19 +29,19 @@ steps=${*:-gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big co
 for step in $steps; do
   case $step in
     gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics_fp4.py tests/test_gpu_convert.py ;;
-    decode) r 200 python3 scripts/bench_decode.py --device cuda --sweep ;;
-    convert-bf16) r 120 python3 scripts/bench_convert.py --target bf16 --device cuda ;;
-    convert-bf16-big) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 ;;
-    convert-bf16-huge) r 300 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 24 ;;
-    convert-bf16-big-shards) r 200 python3 scripts/bench_convert.py --target bf16 --device cuda --layers 12 --shard-size 2GB ;;
-    convert-bf16-shards) r 150 python3 scripts/bench_convert.py --target bf16 --device cuda --shard-size 1GB ;;
-    convert-megamoe) r 120 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
-    convert-megamoe-big) r 200 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 12 --shard-size 1GB ;;
-    convert-megamoe-huge) r 400 python3 scripts/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 40 --shard-size 2GB ;;
-    memory) r 150 python3 scripts/bench_memory.py --device cuda ;;
-    load-megamoe) r 120 python3 scripts/bench_load.py --device cuda --target megamoe_sm90_mxfp4 ;;
-    load-megamoe-big) r 200 python3 scripts/bench_load.py --device cuda --target megamoe_sm90_mxfp4 --experts 64 ;;
-    diag) r 120 python3 scripts/diag_cuda_unit.py ;;
+    decode) r 200 python3 scripts/bench/bench_decode.py --device cuda --sweep ;;
+    convert-bf16) r 120 python3 scripts/bench/bench_convert.py --target bf16 --device cuda ;;
+    convert-bf16-big) r 200 python3 scripts/bench/bench_convert.py --target bf16 --device cuda --layers 12 ;;
+    convert-bf16-huge) r 300 python3 scripts/bench/bench_convert.py --target bf16 --device cuda --layers 24 ;;
+    convert-bf16-big-shards) r 200 python3 scripts/bench/bench_convert.py --target bf16 --device cuda --layers 12 --shard-size 2GB ;;
+    convert-bf16-shards) r 150 python3 scripts/bench/bench_convert.py --target bf16 --device cuda --shard-size 1GB ;;
+    convert-megamoe) r 120 python3 scripts/bench/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda ;;
+    convert-megamoe-big) r 200 python3 scripts/bench/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 12 --shard-size 1GB ;;
+    convert-megamoe-huge) r 400 python3 scripts/bench/bench_convert.py --target megamoe_sm90_mxfp4 --device cuda --layers 40 --shard-size 2GB ;;
+    memory) r 150 python3 scripts/bench/bench_memory.py --device cuda ;;
+    load-megamoe) r 120 python3 scripts/bench/bench_load.py --device cuda --target megamoe_sm90_mxfp4 ;;
+    load-megamoe-big) r 200 python3 scripts/bench/bench_load.py --device cuda --target megamoe_sm90_mxfp4 --experts 64 ;;
+    diag) r 120 python3 dev/diag_cuda_unit.py ;;
     startup) r 60 python3 -c 'import time; t=time.perf_counter(); import torch; a=time.perf_counter(); torch.zeros(1, device="cuda"); b=time.perf_counter(); import fimoe_convert.cli; c=time.perf_counter(); import flashinfer.megamoe; d=time.perf_counter(); print(f"import torch {a-t:.2f} s, CUDA context {b-a:.2f} s, import fimoe_convert.cli {c-b:.2f} s, import flashinfer.megamoe {d-c:.2f} s")' ;;
     profile)  # py-spy (carried in .carry-tools/) over one bf16 and one megamoe conversion, every thread
       python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .carry-tools/py_spy-*.whl

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fuzz the safetensors header parser/validator: only the tool's own errors (FimoeError) may escape.
 
-    python3 scripts/fuzz_headers.py [--examples 100000] [--seed 0]          # hypothesis
-    python3 scripts/fuzz_headers.py --engine atheris [--examples 100000]    # coverage-guided (libFuzzer)
+    python3 scripts/reliability/fuzz_headers.py [--examples 100000] [--seed 0]          # hypothesis
+    python3 scripts/reliability/fuzz_headers.py --engine atheris [--examples 100000]    # coverage-guided (libFuzzer)
 
 Targets: `fimoe_convert.files.safetensors.parse_header` on in-memory files (the bulk), `read_header` on
 real temporary files (a subset), and the index path check `source._check_rel_path` (path safety).
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's package, wherever the installed one points
 
 COUNT = {"n": 0, "accepted": 0, "rejected": 0}

@@ -6,7 +6,7 @@ Times, after a warm-up (Triton compile, allocator pools), medians over --repeat 
   sync; the same while another thread copies host memory like the writer does; host memcpy bandwidth
   (pinned -> page-aligned staging block, as the writer copies); sha256 bandwidth.
 
-usage: python3 scripts/diag_cuda_unit.py [--repeat 30]
+usage: python3 dev/diag_cuda_unit.py [--repeat 30]
 """
 
 from __future__ import annotations

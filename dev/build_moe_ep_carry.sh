@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build the two git-ignored carry folders that get flashinfer.moe_ep and the cutlass DSL onto the lent
-# H200 within its 64 MiB-per-call limit (docs/H200_MOE_EP.md):
+# H200 within its 64 MiB-per-call limit (evidence/h200/H200_MOE_EP.md):
 #   .carry1/cu13.tar.xz    nvidia-cutlass-dsl-libs-cu13 4.8.1 cp312 unpacked and re-packed with xz -9
 #                          (the wheel is 92 MB; its two .so files are 237 MB raw, 63.6 MB as .tar.xz)
 #   .carry2/               flashinfer 0.7.4 python tree without data/, the cake_*_backend CUDA-source
@@ -8,7 +8,7 @@
 #                          the data/ headers and csrc the fused_moe_90 JIT build reads (xz); flashinfer's
 #                          dist-info; the cutlass-dsl, -libs-base, -libs-core and apache-tvm-ffi cp312 wheels;
 #                          the package stub (sitecustomize.py).
-# usage: scripts/build_moe_ep_carry.sh [WHEEL_DIR]  (run in the repo root; WHEEL_DIR holds the four
+# usage: dev/build_moe_ep_carry.sh [WHEEL_DIR]  (run in the repo root; WHEEL_DIR holds the four
 #   nvidia_cutlass_dsl*-4.8.1 cp312 wheels, default /tmp/cutl; the python3 here must have
 #   flashinfer-python 0.7.4 installed; .fi-bundle/ from ../shared/tools/fi-carry-bundle.sh supplies the
 #   tvm-ffi wheel and the stub)

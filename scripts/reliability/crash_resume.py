@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Crash-resume check: SIGKILL the real CLI at random points, then `--resume`, compare byte for byte.
 
-    python3 scripts/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB] [--target bf16]
+    python3 scripts/reliability/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB] [--target bf16]
                                     [--writers N]
-    python3 scripts/crash_resume.py --enospc-tmpfs [--workdir DIR]   # a real disk-full run, prints JSON
+    python3 scripts/reliability/crash_resume.py --enospc-tmpfs [--workdir DIR]   # a real disk-full run, prints JSON
 
 Makes a multi-shard tiny fixture, does one uninterrupted reference conversion
 (`python3 -m fimoe_convert SRC OUT --shard-size 1MB --device cpu -q`), then N times: starts the same
@@ -38,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's package, wherever the installed one points
 
 MANIFEST = "fimoe-manifest.json"

@@ -2,7 +2,7 @@
 convert SRC for TARGET with --ep-size 2, load every block and rank through the runtime loader, and
 compare with FlashInfer's own preprocess function called directly on the same experts, prepared
 independently here (checkpoint bytes via safe_open, BF16 via the seed formula).
-usage: python moe_ep_check.py [--arch X.Y] TARGET SRC OUT [KEY=VALUE ...]   -> prints 'OK <units compared>'
+usage: python moe_ep_roundtrip.py [--arch X.Y] TARGET SRC OUT [KEY=VALUE ...]   -> prints 'OK <units compared>'
 (--arch: the compute capability converted for, when it is not the GPU's own)"""
 
 import json
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-sys.path.insert(0, str(Path(__file__).parent))
-from seed import seed_dequant  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from reference import seed_dequant  # noqa: E402
 
 from fimoe_convert.convert import convert  # noqa: E402
 from fimoe_convert.numerics.structure import same_object  # noqa: E402

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """FP4 + E8M0 -> BF16 decode speed at V4-Flash expert geometry (K = 4096 hidden, 2048 out per matrix).
 
-    python3 scripts/bench_decode.py --device cpu            # 1 and 8 matrices
-    python3 scripts/bench_decode.py --device cuda           # 1 and 256 matrices, plus % of copy bandwidth
-    python3 scripts/bench_decode.py --device cuda --sweep   # also sweep the Triton kernel's knobs
+    python3 scripts/bench/bench_decode.py --device cpu            # 1 and 8 matrices
+    python3 scripts/bench/bench_decode.py --device cuda           # 1 and 256 matrices, plus % of copy bandwidth
+    python3 scripts/bench/bench_decode.py --device cuda --sweep   # also sweep the Triton kernel's knobs
 
 Checks `fimoe_convert.numerics.dequant_fp4_to_bf16` bit for bit against the seed formula (vLLM's
 `_dequant_fp4_ue8m0_gran32`, copied below) before timing; the seed is timed the way vLLM
@@ -29,7 +29,7 @@ import torch
 try:
     import fimoe_convert  # noqa: F401
 except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fimoe_convert.numerics import dequant_fp4_to_bf16  # noqa: E402
 

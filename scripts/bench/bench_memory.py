@@ -3,7 +3,7 @@ and with --max-memory 2GiB (goal <= 3 GiB). Each conversion runs in its own chil
 configuration runs --repeat times and its median peak is compared (one run's peak varies by about
 0.1 GiB on a ~0.7 GiB baseline on the shared CPU machine).
 
-usage: python3 scripts/bench_memory.py [--target bf16] [--work DIR] [--experts 8] [--repeat 3]
+usage: python3 scripts/bench/bench_memory.py [--target bf16] [--work DIR] [--experts 8] [--repeat 3]
 """
 
 import argparse

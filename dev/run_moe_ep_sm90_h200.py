@@ -23,7 +23,7 @@
    the reference by > 0.2.
 Exit status 0 only when every check passes.
 
-    MEGA_NO_DIST=1 PYTHONPATH=$PWD python3 scripts/run_moe_ep_sm90_h200.py --json $OUT/moe_ep.json
+    MEGA_NO_DIST=1 PYTHONPATH=$PWD python3 dev/run_moe_ep_sm90_h200.py --json $OUT/moe_ep.json
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ few samples, so that figure scatters around 3e-2) are checked against this secon
 Exit status 0 only when every check passes.
 
 On the lent H200 (FlashInfer from ../shared/tools/fi-carry-bundle.sh, unpacked to .fi-bundle/site):
-    PYTHONPATH=$PWD python3 scripts/prove_megamoe_h200.py --fi-site .fi-bundle/site --json $OUT/prove.json
+    PYTHONPATH=$PWD python3 dev/prove_megamoe_h200.py --fi-site .fi-bundle/site --json $OUT/prove.json
 """
 
 from __future__ import annotations
