@@ -156,11 +156,10 @@ def _dequant_torch(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> 
     torch.index_select(_pair_table(codes.device), 0, index.reshape(-1), out=out.view(torch.int32).view(-1))
 
 
-def dequant_fp4_to_bf16(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., K/2] int8/uint8 codes and [..., K/32] uint8/float8_e8m0fnu scales -> BF16 [..., K].
-
-    Bit-identical to the seed formula. `out`, if given, must be a contiguous BF16 tensor of the result's
-    shape on the codes' device; it is filled and returned."""
+def checked_args(packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale bytes, out) for a decode of `packed` codes [..., K/2] with `scales` [..., K/32]: types, shapes and
+    devices checked; `out` made (BF16 [..., K] on the codes' device) or checked."""
     if packed.dtype not in (torch.int8, torch.uint8):
         raise TypeError(f"FP4 codes must be int8 or uint8, got {packed.dtype}")
     sb = scale_bytes(scales)
@@ -174,9 +173,18 @@ def dequant_fp4_to_bf16(packed: torch.Tensor, scales: torch.Tensor, *, out: torc
         raise ValueError(f"codes are on {packed.device} but scales on {sb.device}")
     shape = (*packed.shape[:-1], k_half * 2)
     if out is None:
-        out = torch.empty(shape, dtype=torch.bfloat16, device=packed.device)
-    else:
-        _check_out(out, shape, packed.device)
+        return sb, torch.empty(shape, dtype=torch.bfloat16, device=packed.device)
+    _check_out(out, shape, packed.device)
+    return sb, out
+
+
+def dequant_fp4_to_bf16(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., K/2] int8/uint8 codes and [..., K/32] uint8/float8_e8m0fnu scales -> BF16 [..., K].
+
+    Bit-identical to the seed formula. `out`, if given, must be a contiguous BF16 tensor of the result's
+    shape on the codes' device; it is filled and returned."""
+    sb, out = checked_args(packed, scales, out)
+    k_half = packed.shape[-1]
     if out.numel() == 0:
         return out
     if packed.device.type == "cuda":

@@ -145,31 +145,15 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
     contiguous BF16 tensor of the result's shape on the same device. Tuning knobs: `block_groups`
     (scale groups of 16 code bytes per program, a power of two), `num_warps` and `load_bytes`
     (contiguous code bytes per thread load)."""
-    if packed.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"FP4 codes must be int8 or uint8, got {packed.dtype}")
-    if scales.dtype in (torch.float8_e8m0fnu, torch.int8):
-        scales = scales.view(torch.uint8)
-    if scales.dtype != torch.uint8:
-        raise TypeError(f"E8M0 scales must be uint8 or float8_e8m0fnu, got {scales.dtype}")
-    if packed.dim() == 0:
-        raise ValueError("FP4 codes must have at least one dimension [..., K/2]")
-    k_half = packed.shape[-1]
-    if packed.shape[:-1] != scales.shape[:-1] or k_half * 2 != scales.shape[-1] * FP4_GROUP:
-        raise ValueError(f"codes {tuple(packed.shape)} and scales {tuple(scales.shape)} do not match: "
-                         f"expected scales [..., K/{FP4_GROUP}] for codes [..., K/2]")
-    if packed.device.type != "cuda" or scales.device != packed.device:
+    from .fp4 import checked_args
+
+    if packed.device.type != "cuda":
         raise ValueError(f"codes ({packed.device}) and scales ({scales.device}) must be on one CUDA device")
     if block_groups <= 0 or block_groups & (block_groups - 1):
         raise ValueError(f"block_groups must be a power of two, got {block_groups}")
     if load_bytes not in (1, 2, 4, 8, 16):
         raise ValueError(f"load_bytes must be 1, 2, 4, 8 or 16, got {load_bytes}")
-    shape = (*packed.shape[:-1], k_half * 2)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.bfloat16, device=packed.device)
-    elif (out.dtype != torch.bfloat16 or tuple(out.shape) != shape or out.device != packed.device
-          or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous bfloat16 {shape} tensor on {packed.device}, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
+    scales, out = checked_args(packed, scales, out)
     return dequant_checked(packed, scales, out, block_groups=block_groups, num_warps=num_warps, load_bytes=load_bytes)
 
 

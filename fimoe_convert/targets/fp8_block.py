@@ -33,11 +33,11 @@ MAX_EXAMPLES = 5  # lossy tiles named in the report
 
 @dataclass
 class Fp8BlockReport:
-    tensors: int = 0
-    tiles: int = 0
-    lossy_tiles: int = 0
+    tensors: int = 0  # expert matrices converted
+    tiles: int = 0  # weight_block_size tiles in them
+    lossy_tiles: int = 0  # tiles whose FP8 values differ from the FP4 ones (only with --allow-lossy)
     lossy_tensors: int = 0
-    worst_abs_err: float = 0.0
+    worst_abs_err: float = 0.0  # largest |FP8 - FP4| of a value, dequantized
     worst_rel_err: float = 0.0
     examples: list = field(default_factory=list)  # "tensor tile (r, c)" of the first lossy tiles
 
