@@ -89,11 +89,13 @@ def main() -> None:
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
 @click.option("--writers", type=int, default=None,
               help="Output shards written (and hashed) at once; default: from the cores and --max-memory.")
+@click.option("--config", "config", default=None, metavar="FILE",
+              help="A preset (configs/convert/*.toml); flags given here override it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, params, resume,
-                overwrite, dry_run, offline, writers, as_json, verbose, quiet):
+                overwrite, dry_run, offline, writers, config, as_json, verbose, quiet):
     """Convert the checkpoint SRC into OUT."""
     bar = None
     bad = [p for p in params if "=" not in p]
@@ -101,6 +103,20 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
         click.echo(f"error: --param {bad[0]}: expected KEY=VALUE", err=True)
         sys.exit(2)
     params = dict(p.split("=", 1) for p in params)
+    ctx = click.get_current_context()
+    if config:
+        from .files.preset import load_preset
+
+        preset = _run(load_preset, config)
+        preset.pop("model", None)
+        params = {**preset.pop("params", {}), **params}
+        given = {k for k in preset if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+        for k, v in preset.items():
+            if k not in given:
+                ctx.params[k] = v
+        target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, writers = (
+            ctx.params[k] for k in ("target", "revision", "ep_size", "device", "arch", "max_memory", "shard_size",
+                                    "allow_lossy", "writers"))
 
     def progress(done: int, total: int) -> None:
         nonlocal bar
@@ -110,7 +126,6 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
             bar = tqdm(total=total, unit="B", unit_scale=True, desc="converting", disable=quiet or as_json)
         bar.update(done - bar.n)
 
-    ctx = click.get_current_context()
     # in a fixed order: the card's bytes must not depend on the order the flags were typed in
     shown = [f"--{k.replace('_', '-')} {ctx.params[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
              if ctx.params[k] != _default(ctx, k)]

@@ -32,10 +32,11 @@ class InputError(FimoeError):
 
 
 class ValidationError(FimoeError):
-    """Several problems found before any tensor was read; all are reported at once."""
+    """Several problems found before any tensor was read; all are reported at once. A problem that starts with a
+    flag ("--ep-size 3: ...") is a usage problem: exit 2 when every problem is one, else 1 (bad input)."""
 
-    def __init__(self, problems: list[str], exit_code: int = 1):
-        self.exit_code = exit_code
+    def __init__(self, problems: list[str]):
+        self.exit_code = 2 if all(p.startswith("--") for p in problems) else 1
         super().__init__(format_problems(problems), problems)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from .checkpoint import EXPERT_LEGS, VARIANTS, natural_key
 from .dtypes import FP4_GROUP
-from .files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes
+from .files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes, build_header
 
 BLOCK = 128  # FP8 block size of attention and shared-expert weights
 HC = 4  # hyper-connection copies
@@ -63,6 +63,13 @@ PRESETS: dict[str, FixtureSpec] = {
                                   experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
                                   vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
                                   extreme_scales=False),
+    # The published geometries (checkpoint.VARIANTS) at full size: with make_checkpoint(..., sparse=True) only.
+    "v4-flash": FixtureSpec(hidden=4096, inter=2048, experts=256, top_k=6, layers=43, hash_layers=3, mtp=1,
+                            vocab=129280, heads=64, head_dim=512, q_lora=1024, o_lora=1024, shards=46,
+                            extreme_scales=False),
+    "v4-pro": FixtureSpec(hidden=7168, inter=3072, experts=384, top_k=6, layers=61, hash_layers=3, mtp=1,
+                          vocab=129280, heads=128, head_dim=512, q_lora=1536, o_lora=1024, shards=64,
+                          extreme_scales=False),
     # Variants (tests/test_variants.py). V4-Flash is "tiny".
     # V4-Pro expert geometry (H=7168, I=3072) with 2 experts, 1 layer: ~130 MB in, ~330 MB of BF16 out.
     "pro-geometry": FixtureSpec(hidden=VARIANTS["V4-Pro"].hidden_size, inter=VARIANTS["V4-Pro"].moe_intermediate_size,
@@ -266,8 +273,10 @@ def _config(spec: FixtureSpec) -> dict:
     return cfg
 
 
-def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> Path:
-    """Write a real-format DeepSeek V4 checkpoint into `out_dir`; returns the folder."""
+def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool = False, **overrides) -> Path:
+    """Write a real-format DeepSeek V4 checkpoint into `out_dir`; returns the folder. `sparse`: every shard is its
+    real header followed by a hole of the data's size (zeros, no disk used), for planning and dry runs at the
+    published geometries (presets "v4-flash", "v4-pro") without hundreds of GB."""
     spec = dataclasses.replace(PRESETS[preset], **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -296,6 +305,14 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", **overrides) -> P
         fname = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
         order = [group[p] for p in torch.randperm(len(group), generator=_gen(spec, fname)).tolist()]
         planned = [PlannedTensor(n, _ST[tensors[n][0]], tensors[n][1]) for n in order]
+        if sparse:
+            header = build_header(planned, None)
+            with open(out / fname, "wb") as f:
+                f.write(header)
+                f.truncate(len(header) + sum(p.nbytes for p in planned))
+            weight_map.update({n: fname for n in group})
+            total += sum(p.nbytes for p in planned)
+            continue
         with ShardWriter(out / fname, planned) as w:
             for p in planned:
                 w.write_tensor(p.name, _make(spec, p.name, *tensors[p.name]))

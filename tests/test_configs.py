@@ -1,0 +1,82 @@
+"""configs/convert/: every preset opens with the exact command that runs it, loads, and dry-runs through the CLI
+on a checkpoint of its model's published geometry (sparse: real headers, holes for the data)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fimoe_convert.checkpoint import VARIANTS
+from fimoe_convert.cli import main
+from fimoe_convert.errors import UsageError
+from fimoe_convert.files.preset import load_preset
+from fimoe_convert.testing import make_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "configs" / "convert").glob("*.toml"))
+FIXTURE_OF = {"V4-Flash": "v4-flash", "V4-Pro": "v4-pro"}
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    made = {}
+
+    def get(model: str) -> Path:
+        if model not in made:
+            made[model] = make_checkpoint(tmp_path_factory.mktemp(FIXTURE_OF[model]) / "src", FIXTURE_OF[model],
+                                          sparse=True)
+        return made[model]
+
+    return get
+
+
+def test_there_are_presets():
+    assert len(PRESETS) >= 6
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_opens_with_its_command_and_dry_runs_at_its_geometry(path, published, tmp_path):
+    first = path.read_text().splitlines()[0]
+    m = re.fullmatch(r"# fimoe-convert (\S+) OUT --config (\S+)", first)
+    assert m, first
+    preset = load_preset(path)
+    assert m.group(2) == f"configs/convert/{path.name}"
+    assert m.group(1) == VARIANTS[preset["model"]].repo_id
+    src = published(preset["model"])
+    r = CliRunner().invoke(main, [str(src), str(tmp_path / "out"), "--config", str(path), "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert (res["target"], res["dry_run"]) == (preset["target"], True)
+    assert res["bytes_read"] > 0.9 * VARIANTS[preset["model"]].source_bytes
+    ranks = {row["rank"] for row in res["plan"]} - {None}
+    assert len(ranks) == (preset.get("ep_size", 1) if preset["target"] != "bf16" else 0) or preset.get("ep_size", 1) == 1
+
+
+def test_flags_given_override_the_preset(tiny_ckpt, tmp_path):
+    """--param and --target given on the command line win over the file's."""
+    vllm = ROOT / "configs" / "convert" / "v4_flash_fp8_block_vllm.toml"
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "a"), "--config", str(vllm), "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "a" / "fimoe-manifest.json").read_text())["target"]["parameters"] == {"scale_dtype": "f32"}
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "b"), "--config", str(vllm), "--param",
+                                  "scale_dtype=e8m0", "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b" / "fimoe-manifest.json").read_text())["target"]["parameters"] == {"scale_dtype": "e8m0"}
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "c"), "--config", str(vllm), "--target", "bf16",
+                                  "--dry-run", "--json"])
+    assert r.exit_code == 2 and "--param scale_dtype=f32: bf16 takes no parameters" in r.output
+
+
+@pytest.mark.parametrize("text, match", [
+    ('target = "bf16"\ncolour = "red"\n', r"unknown key 'colour'; expected some of model, target"),
+    ('ep_size = "8"\n', r"ep_size is '8'; expected a int"),
+    ('[params]\nscale_dtype = 3\n', r"params is \{'scale_dtype': 3\}; expected a dict of strings"),
+    ('target = \n', r"not valid TOML"),
+])
+def test_a_bad_preset_names_the_file_and_the_key(tmp_path, text, match):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=rf"--config {re.escape(str(path))}: .*{match}"):
+        load_preset(path)
