@@ -65,6 +65,6 @@ LAYERS: dict[str, frozenset[str]] = {
     "runtime": _BASE | {"files", "kernels", "numerics"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"convert", "testing", "verify"},
-    "cli": _BASE | {"convert", "demo", "eta", "hub", "inspection", "options", "verify"},
+    "cli": _BASE | {"convert", "demo", "eta", "files", "hub", "inspection", "options", "verify"},
     "__main__": frozenset({"cli"}),
 }

@@ -166,6 +166,20 @@ def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
     """What the checkpoint SRC holds and which targets fit it."""
     r = _run(inspect, src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
     m = r["model"]
+    if r.get("converted"):
+        t, origin = r["target"], r["from"]
+        lines = [f"{r['source']}: a fimoe-convert output for --target {t['name']}"
+                 + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
+                 + f", EP size {r['ep_size']}, {'complete' if r['complete'] else 'NOT complete (run with --resume)'}",
+                 f"converted from {origin['repo_id'] or origin['spec']}"
+                 + (f" at {origin['revision']}" if origin.get("revision") else "")
+                 + f" by fimoe-convert {r['tool']['version']}: {r['files']} files, {human(r['bytes'])}",
+                 f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
+                 f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",
+                 f"compute capabilities: {', '.join(t.get('capabilities') or []) or 'any'}; check it with "
+                 f"`fimoe-convert verify {r['source']}`"]
+        _emit(r, as_json, "\n".join(lines))
+        return
     lines = [f"{r['source']}: {r['variant']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
              f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
              f"{m['n_routed_experts']} experts top-{m['num_experts_per_tok']}, {m['num_hidden_layers']} layers "

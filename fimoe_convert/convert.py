@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__, resume as resuming, versions
-from .checkpoint import parse_expert_name
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.output import (SCHEMA, check_out, copy_file, file_record, free_disk, prepare_out, remove_rank_status,
@@ -152,10 +151,11 @@ def convert(
 
 
 def build_plan(source: Source, target, shard_size: int) -> Plan:
-    """Copies of every non-expert tensor, plus the target's units; packed into shards."""
-    units = target.units()
-    tensors = [OutTensor(n, i.dtype, i.shape) for n, i in
-               ((n, source.info(n)) for n in source.weight_map) if parse_expert_name(n) is None]
+    """Copies of every non-expert tensor that no unit rewrites, plus the target's units; packed into shards."""
+    units = target.all_units(source.non_expert_tensors())
+    rewritten = {n for u in units if u.dense for n in u.inputs}
+    tensors = [OutTensor(n, dtype, shape) for n, (dtype, shape) in source.non_expert_tensors().items()
+               if n not in rewritten]
     tensors += merge_outputs(units)
     read = sum(source.info(n).nbytes for n in source.weight_map)
     return Plan(tuple(plan_shards(tensors, shard_size)), {u.key: u for u in units}, read)

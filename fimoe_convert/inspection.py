@@ -3,8 +3,11 @@ can be converted here now."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .checkpoint import parse_expert_name, variant_name
-from .files.source import open_source
+from .files.output import has_manifest, read_manifest
+from .files.source import open_source, resolve_source_root
 from .kernels import KERNELS
 from .options import parse_arch
 from .targets import TargetOptions, availability, validate
@@ -12,7 +15,11 @@ from .targets import TargetOptions, availability, validate
 
 def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_size: int = 1,
             arch: str | None = None) -> dict:
-    """What the checkpoint holds (geometry, tensor classes, bytes) and which targets fit it."""
+    """What the checkpoint holds (geometry, tensor classes, bytes) and which targets fit it; for a fimoe-convert
+    output, what it was converted for and from (its manifest)."""
+    root = resolve_source_root(src, revision, offline)[0]
+    if has_manifest(root):
+        return describe_output(src, root)
     source = open_source(src, revision=revision, offline=offline)
     model = source.model
     expert_bytes = sum(source.info(n).nbytes for n in source.weight_map if parse_expert_name(n))
@@ -20,13 +27,23 @@ def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_
     for n in source.weight_map:
         kind = f"{'routed expert' if parse_expert_name(n) else 'other'} {source.info(n).dtype}"
         classes[kind] = classes.get(kind, 0) + 1
-    opts = TargetOptions(ep_size=ep_size, arch=parse_arch(arch), device="cuda")
-    fits = {k.name: [p for p in validate(k, model, opts) if not p.startswith("--device")] or "fits"
-            for k in KERNELS}
+    opts = TargetOptions(ep_size=ep_size, arch=parse_arch(arch), device=None)
+    fits = {k.name: validate(k, model, opts) or "fits" for k in KERNELS}
     return {"source": source.spec, "root": str(source.root), "revision": source.revision,
             "variant": variant_name(model, source.config), "model": model.to_json(), "shards": len(source.headers),
             "tensors": len(source.weight_map), "bytes": source.total_bytes, "routed_expert_bytes": expert_bytes,
             "tensor_classes": dict(sorted(classes.items())), "files": source.input_files(), "targets": fits}
+
+
+def describe_output(src: str, root: Path) -> dict:
+    """A converted folder, from its manifest: target, kernel, EP size, source and its revision, files, bytes."""
+    m = read_manifest(root)
+    files = m.get("files") or {}
+    return {"source": src, "root": str(root), "converted": True, "complete": m.get("complete") is True,
+            "target": m["target"], "ep_size": m["ep"]["world_size"], "model": m["model"],
+            "from": {k: m["source"].get(k) for k in ("spec", "repo_id", "revision")},
+            "tool": m["tool"], "files": len(files), "bytes": sum(f.get("size", 0) for f in files.values()),
+            "report": m.get("report", {})}
 
 
 def list_targets() -> list[dict]:
@@ -39,5 +56,5 @@ def list_targets() -> list[dict]:
                      "weight_format": k.weight_format, "activation_format": k.activation_format,
                      "needs_nvshmem": k.needs_nvshmem, "preprocess_needs_cuda": k.preprocess_needs_cuda,
                      "needs_packages": list(k.needs_packages), "available_here": ok, "why": why,
-                     "description": k.description})
+                     "engines": k.engines, "description": k.description})
     return rows

@@ -26,9 +26,12 @@ class Kernel:
     consumes: str = "fp4"  # source experts the conversion needs: "fp4" | "any" (FP8 Base experts too)
     needs_nvshmem: bool = False
     preprocess_needs_cuda: bool = False  # FlashInfer's preprocess takes CUDA tensors only
+    preprocess_capabilities: tuple[str, ...] = ()  # set: the preprocessing GPU must be one of these
     needs_packages: tuple[str, ...] = ()  # importable modules the conversion needs
     runtime_module: str | None = None  # the flashinfer module that runs the output
     recommended: bool = False  # suggested for its compute capabilities (in table order)
+    engines: str = ("FlashInfer flashinfer.moe_ep, through fimoe_convert.runtime (vLLM and SGLang preprocess the "
+                    "source at load instead; no engine reads this layout)")  # who loads the output (docs/ENGINES.md)
     # --param KEY=VALUE the target takes: key -> allowed values, the default first.
     params: dict[str, tuple[str, ...]] = field(default_factory=dict)
     align: tuple[int, int] = (1, 1)  # hidden_size, moe_intermediate_size must be multiples of these
@@ -51,18 +54,24 @@ def _moe_ep(name: str, description: str, *, capabilities: tuple[str, ...], weigh
 SM100 = ("10.0", "10.3")
 
 KERNELS: tuple[Kernel, ...] = (
-    Kernel("bf16", "bf16", "routed experts dequantized to BF16 [out, in], same names, .scale dropped",
-           weight_format="bf16", activation_format="bf16", consumes="any"),
+    Kernel("bf16", "bf16", "routed experts dequantized to BF16 [out, in], same names, .scale dropped; "
+           "--param dense=bf16 also dequantizes the FP8 dense linears (a plain BF16 checkpoint)",
+           weight_format="bf16", activation_format="bf16", consumes="any", params={"dense": ("fp8", "bf16")},
+           engines="transformers; vLLM; SGLang with SGLANG_DSV4_FP4_EXPERTS=0; dense=bf16: transformers and "
+                   "training stacks (not vLLM's CUDA path)"),
     Kernel("fp8_block", "fp8_block",
            "routed experts FP4 -> FP8 E4M3 with one scale per weight_block_size tile (DeepSeek's convert.py "
            "--expert-dtype fp8 rule), lossless where exact; same names; --param scale_dtype=e8m0|f32",
            weight_format="fp8_e4m3 [out, in] + one E8M0 (or F32) scale per weight_block_size tile",
-           activation_format="engine's choice (FP8 block GEMM)", params={"scale_dtype": ("e8m0", "f32")}),
+           activation_format="engine's choice (FP8 block GEMM)", params={"scale_dtype": ("e8m0", "f32")},
+           engines="scale_dtype=e8m0: SGLang, DeepSeek's inference, transformers; scale_dtype=f32: vLLM, "
+                   "transformers"),
     Kernel("megamoe_sm90_mxfp4", "megamoe",
            "flashinfer.megamoe SM90 fused MegaMoE: MXFP4 tiles + per-expert FP32 global scales",
            kernel_name="megamoe_sm90_mxfp4", capabilities=("9.0",),
            weight_format="mxfp4 (FP4 checkpoint verbatim, Marlin order)", activation_format="fp8_e4m3 (1x128 blocks)",
            needs_packages=("flashinfer",), runtime_module="flashinfer.megamoe", recommended=True,
+           engines="FlashInfer flashinfer.megamoe, through fimoe_convert.runtime.load_megamoe_weights",
            align=(256, 128), max_ep_size=32),  # hidden: MegaMoESymmBuffer needs 256; intermediate: the 128 tile
     _moe_ep("sm100_mxfp8_mxfp4_bf16_cutedsl",
             "SM100 CuTe-DSL megakernel, MXFP8 activations x MXFP4 weights; checkpoint FP4 bytes kept, scales swizzled",
@@ -110,8 +119,15 @@ KERNELS: tuple[Kernel, ...] = (
             capabilities=SM100, weights="fp4 (checkpoint verbatim, DeepGEMM layout)", activations="fp8_e4m3",
             config_class="Sm100_Fp8_Fp4_Bf16_Deepgemm_MegaMoeConfig", pack_format="fp4",
             aliases=("deep_gemm_mega", "flashinfer_moe_ep_mega_deep_gemm"),
-            vllm_moe_backend="flashinfer_moe_ep_mega_deep_gemm", needs_packages=("deep_gemm",), recommended=True),
+            vllm_moe_backend="flashinfer_moe_ep_mega_deep_gemm", needs_packages=("deep_gemm",), recommended=True,
+            # DeepGEMM's scale transform refuses SM90 ("Unknown SF transformation": evidence/h200/2026-12-01-deepgemm.log)
+            preprocess_needs_cuda=True, preprocess_capabilities=SM100),
 )
+
+# What to install for a package a conversion needs (Kernel.needs_packages).
+INSTALL = {"flashinfer": "pip install 'fimoe-convert[flashinfer]'",
+           "deep_gemm": "install a DeepGEMM build with transform_sf_into_required_layout for your torch and CUDA "
+                        "(docs/ENGINES.md, DeepGEMM)"}
 
 BY_NAME: dict[str, Kernel] = {k.name: k for k in KERNELS}
 

@@ -49,6 +49,7 @@ class Unit:
     inputs: tuple[str, ...]
     outputs: tuple[OutTensor, ...]
     leg: str | None = None  # for targets whose units hold one leg ("l1": gate and up, "l2": down)
+    dense: bool = False  # rewrites a non-expert tensor (its inputs are then not copied)
 
     @property
     def out_bytes(self) -> int:

@@ -28,7 +28,7 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     opts = TargetOptions(ep_size=o["ep_size"], arch=parse_arch(o["arch"]), device="cpu",
                          allow_lossy=o["allow_lossy"], params=o["params"])
     tgt = make_target(manifest["target"]["name"], source.model, opts)
-    units = tgt.units()
+    units = tgt.all_units(source.non_expert_tensors())
     rows = piece_rows(units)  # a unit may write only some rows of a tensor
     step = max(1, len(units) // samples)
     for unit in units[::step][:samples]:

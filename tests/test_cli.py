@@ -85,6 +85,22 @@ def test_inspect_and_targets(tiny_ckpt):
     r = run("targets", "--json")
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     assert rows["bf16"]["available_here"] is True
+    assert "transformers" in rows["bf16"]["engines"] and "vLLM" in rows["fp8_block"]["engines"]
+
+
+@pytest.mark.parametrize("target, says", [
+    ("bf16", "a fimoe-convert output for --target bf16, EP size 1, complete"),
+    ("megamoe_sm90_mxfp4", "a fimoe-convert output for --target megamoe_sm90_mxfp4 (FlashInfer kernel "
+                           "megamoe_sm90_mxfp4), EP size 1, complete"),
+])
+def test_inspect_describes_a_converted_output(tiny_ckpt, tmp_path, target, says):
+    """Not 'routed-expert tensors missing': the folder is recognized from its manifest."""
+    out = tmp_path / "out"
+    assert run(str(tiny_ckpt), str(out), "--target", target, "--allow-lossy", "-q").exit_code == 0
+    r = run("inspect", str(out))
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"{out}: {says}\nconverted from {tiny_ckpt} by fimoe-convert 0.1.0: ")
+    assert json.loads(run("inspect", str(out), "--json").stdout)["converted"] is True
 
 
 def test_traceback_only_with_debug(tiny_copy, tmp_path):

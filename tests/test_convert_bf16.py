@@ -59,10 +59,12 @@ def test_other_tensors_copied_byte_for_byte_and_scales_dropped(tiny_ckpt, bf16_o
     assert set(dst) == {n for n in src if not (".ffn.experts." in n and n.endswith(".scale"))}
 
 
-def test_config_says_bf16_and_small_files_copied(tiny_ckpt, bf16_out):
+def test_config_has_no_expert_dtype_skips_experts_and_small_files_copied(tiny_ckpt, bf16_out):
     cfg = json.loads((bf16_out / "config.json").read_text())
-    assert cfg["expert_dtype"] == "bf16"
+    assert "expert_dtype" not in cfg  # transformers and vLLM accept only fp4/fp8 (issue 17)
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    assert {"lm_head", "layers.0.ffn.experts", "layers.0.mlp.experts", "mtp.0.ffn.experts"} <= \
+        set(cfg["quantization_config"]["ignored_layers"])
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (bf16_out / name).read_bytes() == (tiny_ckpt / name).read_bytes()
 
@@ -246,3 +248,28 @@ def test_output_pool_reuses_only_its_own_tensors():
     fresh = pool.take((2, 3), torch.bfloat16)
     assert fresh is not got and fresh is not b
     assert pool.take((3, 2), torch.bfloat16).shape == (3, 2)
+
+
+def test_dense_bf16_dequantizes_every_fp8_linear_and_drops_quantization_config(tiny_ckpt, tmp_path):
+    out = tmp_path / "dense"
+    convert(str(tiny_ckpt), str(out), "bf16", params={"dense": "bf16"})
+    src, dst = load_all(tiny_ckpt), load_all(out)
+    fp8 = [n for n, t in src.items() if t.dtype == torch.float8_e4m3fn and ".ffn.experts." not in n]
+    assert fp8
+    for name in fp8:
+        s = src[name.removesuffix(".weight") + ".scale"].float()
+        want = (src[name].float() * s.repeat_interleave(128, 0)[:src[name].shape[0]]
+                .repeat_interleave(128, 1)[:, :src[name].shape[1]]).to(torch.bfloat16)
+        assert dst[name].dtype == torch.bfloat16 and same_bits(dst[name], want), name
+        assert name.removesuffix(".weight") + ".scale" not in dst
+    assert not any(t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu) for t in dst.values())
+    cfg = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in cfg and "expert_dtype" not in cfg
+    assert verify(str(out), deep=True)["problems"] == []
+
+
+def test_bf16_refuses_an_unknown_param(tiny_ckpt, tmp_path):
+    with pytest.raises(ValidationError, match=r"^--param dense=fp16: expected one of fp8, bf16$"):
+        convert(str(tiny_ckpt), str(tmp_path / "x"), "bf16", params={"dense": "fp16"})
+    with pytest.raises(ValidationError, match=r"^--param shape=x: bf16 takes dense \(fp8\|bf16\)$"):
+        convert(str(tiny_ckpt), str(tmp_path / "x"), "bf16", params={"shape": "x"})

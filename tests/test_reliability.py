@@ -221,7 +221,7 @@ def test_fp8_base_experts_for_an_fp4_target(tmp_path):
     out = tmp_path / "out"
     r = cli(src, out, "--target", "megamoe_sm90_mxfp4", "--arch", "9.0", "-q")
     assert_refused(r, out, r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are "
-                           r"FP8 \(expert_dtype 'fp8'\); use --target bf16")
+                           r"FP8 \(expert_dtype 'fp8'\); use --target bf16", code=2)  # a flag that does not fit: usage
     assert tree_hash(src) == before and not out.exists()
 
 

@@ -79,12 +79,17 @@ def test_alias_resolves_and_all_problems_at_once(tiny_ckpt, tmp_path):
     assert "--ep-size 3" in text and "--arch 9.0: --target sm100_fp8_fp4_bf16_deepgemm" in text
 
 
-def test_deepgemm_converts_up_to_the_missing_package(tiny_ckpt, tmp_path):
+def test_deepgemm_is_refused_up_front_naming_the_package_and_the_gpu(tiny_ckpt, tmp_path):
+    """Before any tensor is read, not as a ModuleNotFoundError traceback: DeepGEMM is missing here, and its
+    preprocessing needs an SM100 GPU (it refuses SM90 and has no CPU path)."""
     import importlib.util
     if importlib.util.find_spec("deep_gemm") is not None:
         pytest.skip("deep_gemm installed")
-    with pytest.raises(ModuleNotFoundError, match="deep_gemm"):
+    with pytest.raises(ValidationError, match=r"(?s)^2 problems:.*--device cpu: --target sm100_fp8_fp4_bf16_deepgemm "
+                                              r"preprocesses on a CUDA device only.*--target sm100_fp8_fp4_bf16_deepgemm: "
+                                              r"needs the Python package 'deep_gemm', which is not installed here"):
         convert(str(tiny_ckpt), str(tmp_path / "out"), "sm100_fp8_fp4_bf16_deepgemm")
+    assert not (tmp_path / "out").exists()
 
 
 def test_manifest_structure_of_kernel_output(kernel_ckpt, tmp_path):

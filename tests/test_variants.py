@@ -84,15 +84,20 @@ def test_variant_copies_everything_else_byte_for_byte(variant):
     assert verify(str(variant["out"]), deep=True)["problems"] == []
 
 
-def test_variant_config_says_bf16_where_the_dialect_keeps_expert_dtype(variant):
+def test_variant_config_drops_expert_dtype_and_skips_the_experts(variant):
+    """No engine accepts expert_dtype "bf16" (issue 17): it goes, and the FP8 quantization_config (dense layers)
+    lists every MoE block's experts as not quantized (docs/ENGINES.md)."""
     before = json.loads((variant["src"] / "config.json").read_text())
     after = json.loads((variant["out"] / "config.json").read_text())
+    assert "expert_dtype" not in after and "expert_dtype" not in after["quantization_config"]
+    q_before = {k: v for k, v in before["quantization_config"].items() if k != "expert_dtype"}
+    skip = after["quantization_config"].pop("ignored_layers")
+    assert after["quantization_config"] == q_before
+    source = open_source(str(variant["src"]))
+    assert skip[0] == "lm_head" and len(skip) == 1 + 2 * len(source.model.moe_blocks)
+    assert all(f"{b}.ffn.experts" in skip and f"{b}.mlp.experts" in skip for b in source.model.moe_blocks)
     if variant["id"] == "v4.1":
-        assert after["quantization_config"]["expert_dtype"] == "bf16" and "expert_dtype" not in after
         assert after["text_config"] == before["text_config"] and after["vision_config"] == before["vision_config"]
-    else:
-        assert after["expert_dtype"] == "bf16"
-        assert after["quantization_config"] == before["quantization_config"]
     assert {k: v for k, v in after.items() if k not in ("expert_dtype", "quantization_config")} == \
         {k: v for k, v in before.items() if k not in ("expert_dtype", "quantization_config")}
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ..dtypes import FP4_GROUP
-from ..errors import ValidationError
+from ..errors import InputError, ValidationError
 
 FP8_BLOCK = 128  # rows x cols per F32 scale in FP8 (Base) experts
 EXPERT_LEGS = ("w1", "w2", "w3")  # gate, down, up
@@ -148,3 +148,27 @@ def expected_expert_tensors(spec: ModelSpec, leg: str) -> dict[str, tuple[str, t
         return {"weight": ("I8", (out, inp // 2)), "scale": ("F8_E8M0", (out, inp // FP4_GROUP))}
     rows, cols = spec.weight_block_size
     return {"weight": ("F8_E4M3", (out, inp)), "scale": ("F32", (math.ceil(out / rows), math.ceil(inp / cols)))}
+
+
+FP8_WEIGHT = "F8_E4M3"
+
+
+def fp8_linears(spec: ModelSpec, tensors: dict[str, tuple[str, tuple[int, ...]]]
+                ) -> list[tuple[str, str, tuple[int, ...], str]]:
+    """(weight, scale, weight shape, scale dtype) of every FP8 linear among `tensors` (name -> (safetensors dtype,
+    shape); routed experts left out by the caller): an F8_E4M3 `X.weight` with an `X.scale` of one value per
+    `weight_block_size` tile, [ceil(out/rows), ceil(in/cols)]."""
+    rows, cols = spec.weight_block_size
+    found = []
+    for w, (dtype, shape) in tensors.items():
+        s = w.removesuffix(".weight") + ".scale"
+        if dtype != FP8_WEIGHT or not w.endswith(".weight") or len(shape) != 2 or s not in tensors:
+            continue
+        sdtype, sshape = tensors[s]
+        want = (math.ceil(shape[0] / rows), math.ceil(shape[1] / cols))
+        if tuple(sshape) != want:
+            raise InputError(f"tensor {s!r}: shape {list(sshape)}, expected {list(want)} (one scale per {rows}x{cols} "
+                             f"tile of {w!r} {list(shape)}); the checkpoint does not match "
+                             "quantization_config.weight_block_size")
+        found.append((w, s, tuple(shape), sdtype))
+    return sorted(found, key=lambda f: natural_key(f[0]))

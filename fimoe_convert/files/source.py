@@ -91,6 +91,10 @@ class Source:
             self._known_sha[rel] = sha
         return FileRecord(size, sha)
 
+    def non_expert_tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (safetensors dtype, shape) of every tensor but the routed experts, in the index's order."""
+        return {n: (self.info(n).dtype, self.info(n).shape) for n in self.weight_map if parse_expert_name(n) is None}
+
     def file_size(self, rel: str) -> int:
         """Bytes of an input file, 0 if it cannot be read (the error comes when it is read)."""
         try:

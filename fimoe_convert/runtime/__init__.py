@@ -9,6 +9,7 @@ from .loader import (
     load_transformed_weights,
 )
 from .shim import (
+    EplbNotSupportedError,
     FI_MOE_EP_BACKENDS,
     FiMoeEpBackendSpec,
     IncompatibleTargetError,
@@ -23,6 +24,7 @@ from .shim import (
 )
 
 __all__ = [
+    "EplbNotSupportedError",
     "FI_MOE_EP_BACKENDS",
     "FiMoeEpBackendSpec",
     "IncompatibleTargetError",

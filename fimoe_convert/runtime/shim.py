@@ -47,6 +47,11 @@ class IncompatibleTargetError(InputError, ValueError):
         super().__init__(format_problems(problems), problems)
 
 
+class EplbNotSupportedError(IncompatibleTargetError, NotImplementedError):
+    """EPLB asked of a FlashInfer megakernel backend: a NotImplementedError, as vLLM's own helper raises, so code
+    written against vLLM catches it; also an IncompatibleTargetError (a ValueError)."""
+
+
 # Helpers --------------------------------------------------------------------------------------------
 
 def _manifest(m: Manifest | dict | str | Path) -> Manifest:
@@ -159,7 +164,7 @@ def validate_fi_moe_ep_config(moe_backend: str, *, capability: tuple[int, int], 
                         "FlashInfer megakernel does not apply the logical-to-physical expert map; turn EPLB off, "
                         f"or use a non-megakernel MoE backend, e.g. --moe-backend {EPLB_FALLBACK}")
     if problems:
-        raise IncompatibleTargetError(problems)
+        raise (EplbNotSupportedError if enable_eplb else IncompatibleTargetError)(problems)
 
 
 # The process-wide FlashInfer moe_ep runtime ----------------------------------------------------------

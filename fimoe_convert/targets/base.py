@@ -38,7 +38,16 @@ class Target(ABC):
 
     @abstractmethod
     def units(self) -> list[Unit]:
-        """The work units and their output tensors, in order (pure)."""
+        """The work units of the routed experts and their output tensors, in order (pure)."""
+
+    def dense_units(self, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> list[Unit]:
+        """Units that rewrite non-expert tensors (`tensors`: name -> (safetensors dtype, shape) of every non-expert
+        tensor of the source). A source tensor that is an input of one of them is not copied: the unit's outputs
+        replace it (or drop it, when no output has its name). Default: none, all are copied byte for byte."""
+        return []
+
+    def all_units(self, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> list[Unit]:
+        return self.units() + self.dense_units(tensors)
 
     @abstractmethod
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,11 +1,18 @@
 """`bf16`: routed experts dequantized to BF16 `[out, in]` under their own names; scales dropped.
-Bit-identical to the seed formula for FP4 experts; FP8 (Base) experts are dequantized too."""
+Bit-identical to the seed formula for FP4 experts; FP8 (Base) experts are dequantized too.
+
+`--param dense=fp8` (default): the FP8 dense linears (attention, shared experts, MTP e/h_proj) stay as they
+are; config.json keeps the FP8 `quantization_config`, loses `expert_dtype` (transformers and vLLM accept only
+fp4/fp8) and lists every MoE block's experts as not quantized (`ignored_layers`), which transformers, vLLM and
+SGLang read (docs/ENGINES.md). `--param dense=bf16`: every FP8 dense linear is dequantized to BF16 too (exact:
+an E4M3 value times a power of two), its `.scale` is dropped, and `quantization_config` goes: a plain BF16
+checkpoint (training stacks, CPU inference, GPUs without FP8)."""
 
 from __future__ import annotations
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, leg_shape
+from ..checkpoint import EXPERT_LEGS, ModelSpec, fp8_linears, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
 from .base import OutputPool, Target, check_scales, to_host
@@ -28,9 +35,24 @@ class Bf16Target(Target):
                     units.append(Unit(prefix, block, rank, (j, j + 1), ins, outs))
         return units
 
+    def dense_units(self, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> list[Unit]:
+        """dense=bf16: one unit per FP8 dense linear, `X.weight` (F8_E4M3) + `X.scale` -> `X.weight` (BF16)."""
+        if self.param("dense") != "bf16":
+            return []
+        units = []
+        for w, s, shape, _ in fp8_linears(self.model, tensors):
+            key = "dense:" + w.removesuffix(".weight")
+            units.append(Unit(key, w.removesuffix(".weight"), None, (0, 0), (w, s), (OutTensor(w, "BF16", shape, key),),
+                              dense=True))
+        return units
+
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         check_scales(inputs)
         device = self.opts.device
+        if unit.dense:
+            (w, s), (t,) = unit.inputs, unit.outputs
+            return {t.name: to_host(dequant_fp8_block_to_bf16(inputs[w].to(device), inputs[s].to(device),
+                                                              self.model.weight_block_size))}
         out = {}
         for t in unit.outputs:
             w, s = inputs[t.name], inputs[t.name.removesuffix(".weight") + ".scale"]
@@ -53,16 +75,40 @@ class Bf16Target(Target):
                         "experts": [0, self.model.n_routed_experts]} for block in self.model.moe_blocks}
 
     def update_config(self, config: dict) -> dict:
+        """No `expert_dtype` anywhere. dense=fp8: every MoE block's experts in quantization_config.ignored_layers
+        (and in modules_to_not_convert if the source has that list); dense=bf16: no quantization_config."""
+        dense_bf16 = self.param("dense") == "bf16"
         config = dict(config)
-        if self.model.dialect == "v4.1":
-            text = dict(config.get("text_config") or {})
-            q = dict(config.get("quantization_config") or text.get("quantization_config") or {})
-            q["expert_dtype"] = "bf16"
-            if "quantization_config" in config:
-                config["quantization_config"] = q
-            else:
-                text["quantization_config"] = q
-                config["text_config"] = text
-        else:
-            config["expert_dtype"] = "bf16"
+        config.pop("expert_dtype", None)
+        holders = [config]
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"] = dict(config["text_config"])
+            config["text_config"].pop("expert_dtype", None)
+            holders.append(config["text_config"])
+        skip = expert_skip_list(self.model)
+        for h in holders:
+            q = h.get("quantization_config")
+            if not isinstance(q, dict):
+                continue
+            if dense_bf16:
+                del h["quantization_config"]
+                continue
+            q = {k: v for k, v in q.items() if k != "expert_dtype"}
+            for key in ("ignored_layers", "modules_to_not_convert"):
+                if key == "ignored_layers" or key in q:
+                    have = list(q.get(key) or [])
+                    q[key] = have + [n for n in skip if n not in have]
+            h["quantization_config"] = q
         return config
+
+
+def expert_skip_list(model: ModelSpec) -> list[str]:
+    """Module names of every MoE block's routed experts for quantization_config.ignored_layers, in the spellings the
+    engines match (docs/ENGINES.md): `layers.N.ffn.experts` (DeepSeek's; vLLM maps it to `model.layers.N.ffn.experts`
+    and skips an experts prefix contained in an entry; transformers renames it to `layers.N.mlp.experts` and
+    matches it as a suffix), `layers.N.mlp.experts` (SGLang matches `model.layers.N.mlp.experts` exactly and keeps
+    both `X` and `model.X` of each entry). `lm_head` first: transformers stops skipping it once a list is given."""
+    names = ["lm_head"]
+    for block in model.moe_blocks:
+        names += [f"{block}.ffn.experts", f"{block}.mlp.experts"]
+    return names

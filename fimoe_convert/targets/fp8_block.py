@@ -10,7 +10,9 @@ Two output layouts (--param scale_dtype=...):
   expert_dtype.
 - `f32`: F32 tile scales and `expert_dtype: "fp8"` (V4.1: inside quantization_config), the layout of
   the Base checkpoints, which vLLM's DeepSeek V4 loader keys on (it loads FP8 experts only with
-  expert_dtype "fp8", and reads their block scales as float32)."""
+  expert_dtype "fp8", and then reads *every* FP8 block scale, dense linears included, as float32:
+  `DeepseekV4FP8Config.is_scale_e8m0` is `expert_dtype == "fp4"`). So the E8M0 scales of the dense FP8
+  linears become F32 too (exact: powers of two), as in the Base checkpoints (docs/ENGINES.md)."""
 
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ from typing import Iterable
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, ModelSpec, leg_shape, natural_key
+from ..checkpoint import EXPERT_LEGS, ModelSpec, fp8_linears, leg_shape, natural_key
 from ..dtypes import FP4_GROUP
 from ..errors import LossyRepackError
-from ..numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
+from ..numerics.fp8 import EXACT_SPAN, e8m0_to_f32, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
 from .base import Target, check_scales, to_host
 
@@ -84,9 +86,23 @@ class Fp8BlockTarget(Target):
                     units.append(Unit(prefix, block, rank, (j, j + 1), ins, tuple(outs)))
         return units
 
+    def dense_units(self, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> list[Unit]:
+        """f32: one unit per dense FP8 linear whose scale is F8_E8M0, rewriting that scale as F32."""
+        if not self.f32:
+            return []
+        units = []
+        for _, s, _, sdtype in fp8_linears(self.model, tensors):
+            if sdtype == "F8_E8M0":
+                key = "dense:" + s.removesuffix(".scale")
+                units.append(Unit(key, s.removesuffix(".scale"), None, (0, 0), (s,),
+                                  (OutTensor(s, "F32", tensors[s][1], key),), dense=True))
+        return units
+
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         block, device, allow_lossy = self.model.weight_block_size, self.opts.device, self.opts.allow_lossy
         check_scales(inputs)
+        if unit.dense:  # an E8M0 tile scale as F32: 2**(s-127), exact
+            return {n: e8m0_to_f32(t) for n, t in inputs.items()}
         out = {}
         for leg in EXPERT_LEGS:
             wname, sname = f"{unit.key}.{leg}.weight", f"{unit.key}.{leg}.scale"

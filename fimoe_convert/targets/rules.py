@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from .. import versions
 from ..checkpoint import ModelSpec
 from ..dtypes import FP4_GROUP
-from ..kernels import Kernel
+from ..kernels import INSTALL, Kernel
 
 
 @dataclass(frozen=True)
 class TargetOptions:
     ep_size: int = 1
     arch: tuple[int, int] | None = None  # compute capability checked against the kernel's capabilities
-    device: str = "cpu"
+    device: str | None = "cpu"  # None: not judged (inspect, which knows no conversion device)
     allow_lossy: bool = False
     params: dict = field(default_factory=dict)
     # Output bytes per unit that a target able to split its work aims for (from --max-memory); any value
@@ -57,10 +57,19 @@ def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]
         if arch not in kernel.capabilities:
             problems.append(f"--arch {arch}: --target {kernel.name} runs on compute capability "
                             f"{' or '.join(kernel.capabilities)}; pick a target for {arch} (fimoe-convert targets)")
-    if kernel.preprocess_needs_cuda and opts.device != "cuda":
+    if kernel.preprocess_needs_cuda and opts.device not in ("cuda", None):
         problems.append(f"--device {opts.device}: --target {kernel.name} preprocesses on a CUDA device only "
                         "(FlashInfer's function needs CUDA tensors); run on a GPU machine with --device cuda")
-    if kernel.runtime_module:
+    if kernel.preprocess_capabilities and opts.device == "cuda":
+        cap = device_capability()
+        if cap not in kernel.preprocess_capabilities:
+            problems.append(f"--target {kernel.name}: its preprocessing runs only on a GPU of compute capability "
+                            f"{' or '.join(kernel.preprocess_capabilities)}, this one is {cap}; convert on such a GPU")
+    missing = [m for m in kernel.needs_packages if importlib.util.find_spec(m) is None]
+    for mod in missing:
+        problems.append(f"--target {kernel.name}: needs the Python package {mod!r}, which is not installed here; "
+                        f"{INSTALL.get(mod, f'pip install {mod}')}")
+    if kernel.runtime_module and "flashinfer" not in missing:
         v = versions.flashinfer()
         if v is None or v < versions.MIN_FLASHINFER:
             need = versions.show(versions.MIN_FLASHINFER)
@@ -104,6 +113,13 @@ def availability(kernel: Kernel) -> tuple[bool, str]:
     if kernel.preprocess_needs_cuda and not cuda_visible():
         return False, "preprocessing needs a CUDA device (none here)"
     return True, "yes"
+
+
+def device_capability() -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
 
 
 def cuda_visible() -> bool:

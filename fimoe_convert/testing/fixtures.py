@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import EXPERT_LEGS, VARIANTS, natural_key
-from .dtypes import FP4_GROUP
-from .files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes, build_header
+from ..checkpoint import EXPERT_LEGS, VARIANTS, natural_key
+from ..dtypes import FP4_GROUP
+from ..files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes, build_header
 
 BLOCK = 128  # FP8 block size of attention and shared-expert weights
 HC = 4  # hyper-connection copies
