@@ -11,7 +11,8 @@ Where each job lives:
                          reader/converter threads, writer lanes, parallel hashing
     verify.py          verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
-    eta.py             the --dry-run estimate
+    eta.py             the --dry-run estimate, from one unit of the target's own work, measured
+    console.py         what the CLI shows while it works: progress, log lines, readable reports
     hub.py             the model card; upload to the Hub
     demo.py            the embedded default job
     kernels.py         THE kernel table: every target and its kernel's facts, as data
@@ -59,12 +60,13 @@ LAYERS: dict[str, frozenset[str]] = {
     "hub": _BASE | {"files"},
     "verify": _BASE | {"files", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
-    "eta": _BASE | {"files"},
-    "convert": _BASE | {"checkpoint", "distributed", "files", "hub", "kernels", "options", "pipeline", "plan",
+    "eta": _BASE,
+    "console": _BASE,
+    "convert": _BASE | {"checkpoint", "distributed", "eta", "files", "hub", "kernels", "options", "pipeline", "plan",
                         "resume", "targets"},
     "runtime": _BASE | {"files", "kernels", "numerics"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"convert", "testing", "verify"},
-    "cli": _BASE | {"convert", "demo", "eta", "files", "hub", "inspection", "options", "verify"},
+    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "verify"},
     "__main__": frozenset({"cli"}),
 }

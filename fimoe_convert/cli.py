@@ -1,228 +1,304 @@
-"""Command line: parse, call the library, print. Flag names match `convert(...)`'s keyword arguments.
+"""Command line: parse, call the library, print. Flag names match the keyword arguments of the library's
+functions (`convert`, `verify`, `inspect`, `upload`); `--config` (a preset file) is the CLI's own.
 
-Errors print as `error: ...` lines (exit 2 for usage, 1 for bad input or failure); a traceback
-only with FIMOE_DEBUG=1."""
+One error handler for every command (`Cli.invoke`): a FimoeError prints as `error: ...` lines (exit 2 for usage,
+1 for bad input or failure), Ctrl-C, SIGTERM and SIGHUP stop the work cleanly (exit 128 + the signal), anything
+else is one line too; a traceback only with FIMOE_DEBUG=1. torch, FlashInfer and huggingface_hub are imported by
+the commands that need them, so `--help` and `targets` start fast."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shlex
+import signal
 import sys
 
 import click
 
 from . import __version__
-from .convert import convert
-from .errors import FimoeError
-from .inspection import inspect, list_targets
+from .console import Progress, is_rank0, plural, report_line, setup_logging
+from .errors import FimoeError, UsageError
+from .files.output import path_kind
+from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
 from .sizes import human
-from .eta import dry_run_eta
-from .verify import verify
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
+EXAMPLES = """\b
+Examples:
+  fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --target fp8_block --param scale_dtype=f32
+  fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --config configs/convert/v4_flash_megamoe_sm90_ep8.toml
+  fimoe-convert inspect deepseek-ai/DeepSeek-V4-Flash
+  fimoe-convert verify out/ --deep
+  fimoe-convert demo
+"""
 
 
-class _DefaultGroup(click.Group):
-    """`fimoe-convert SRC OUT ...` means `fimoe-convert convert SRC OUT ...`."""
+class Interrupted(KeyboardInterrupt):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    for s in SIGNALS:  # the cleanup that follows is not interrupted again (a second Ctrl-C)
+        signal.signal(s, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def _debug() -> bool:
+    return os.environ.get("FIMOE_DEBUG") == "1"
+
+
+class Cli(click.Group):
+    """`fimoe-convert SRC OUT ...` means `fimoe-convert convert SRC OUT ...`; a mistyped command is not taken as SRC."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        first = args[0] if args else None
+        if first and first not in self.commands and not first.startswith("-"):
+            close = difflib.get_close_matches(first, list(self.commands), n=1, cutoff=0.75)
+            if close and "/" not in first and path_kind(first) == "missing":
+                raise click.UsageError(f"no such command {first!r}; did you mean {close[0]!r}? (or, to convert, SRC "
+                                       "must be a folder or a Hub repo id org/name)", ctx)
             args = ["convert", *args]
         return super().parse_args(ctx, args)
 
-
-def _run(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except FimoeError as e:
-        if os.environ.get("FIMOE_DEBUG") == "1":
+    def invoke(self, ctx):
+        if _debug():
+            return super().invoke(ctx)
+        for s in SIGNALS:
+            signal.signal(s, _on_signal)
+        try:
+            return super().invoke(ctx)
+        except FimoeError as e:
+            for i, line in enumerate(str(e).splitlines()):
+                click.echo(("error: " if i == 0 else "") + line, err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)
+            click.echo(f"error: interrupted ({signal.Signals(signum).name}); {ctx.meta.get(ON_INTERRUPT, 'nothing was left half-done')}",
+                       err=True)
+            sys.exit(128 + signum)
+        except (click.ClickException, click.exceptions.Exit, SystemExit):
             raise
-        for i, line in enumerate(str(e).splitlines()):
-            click.echo(("error: " if i == 0 else "") + line, err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        if os.environ.get("FIMOE_DEBUG") == "1":
-            raise
-        click.echo("error: interrupted; finished shards are kept: run the same command with --resume", err=True)
-        sys.exit(130)
+        except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest with FIMOE_DEBUG
+            click.echo(f"error: {type(e).__name__}: {' '.join(str(e).split())[:500]}; this is not a known input "
+                       "problem: run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
+            sys.exit(1)
 
 
-def _default(ctx: click.Context, name: str):
-    return next(p.default for p in ctx.command.params if p.name == name)
+class TargetName(click.ParamType):
+    """A --target name: any case, '-' or '_', aliases too (checked by the library); shells complete it."""
+
+    name = "target"
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        names = [n for k in KERNELS for n in (k.name, *k.aliases)]
+        return [CompletionItem(n) for n in names if n.startswith(incomplete)]
 
 
 def _emit(obj, as_json: bool, text: str) -> None:
     click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else text)
 
 
-@click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def _params(pairs: tuple[str, ...]) -> dict:
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise UsageError(f"--param {bad[0]}: expected KEY=VALUE, e.g. --param scale_dtype=f32")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXAMPLES)
 @click.version_option(__version__, prog_name="fimoe-convert")
 def main() -> None:
-    """Convert DeepSeek V4 routed experts offline: BF16 or FlashInfer megakernel layouts.
+    """Convert DeepSeek V4 routed experts offline, once: BF16, FP8 blocks or FlashInfer megakernel layouts.
 
     \b
-    fimoe-convert SRC OUT [--target NAME] ...   convert (SRC: folder or Hub repo id)
-    fimoe-convert inspect SRC                   what the checkpoint holds, which targets fit
-    fimoe-convert targets                       every target and whether it runs here
-    fimoe-convert verify OUT [--deep]           hashes against the manifest
+    fimoe-convert SRC OUT [--target NAME] ...   convert (SRC: a folder or a Hub repo id org/name)
+    fimoe-convert inspect SRC                   what a checkpoint (or an output) holds, which targets fit
+    fimoe-convert targets                       every target, which GPUs and engines run it, which fit here
+    fimoe-convert verify OUT [--deep]           every file of OUT against its manifest
     fimoe-convert upload OUT REPO_ID            publish a verified OUT on the Hub
+    fimoe-convert download SRC                  fetch the files a conversion reads into the Hub cache
     fimoe-convert demo                          make a tiny checkpoint, convert, verify
     """
 
 
-@main.command("convert")
+@main.command("convert", epilog=EXAMPLES)
 @click.argument("src")
 @click.argument("out")
-@click.option("--target", default="bf16", show_default=True, help="Target name (fimoe-convert targets).")
+@click.option("--target", type=TargetName(), default="bf16", show_default=True,
+              help="What to convert to; `fimoe-convert targets` lists them.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of SRC.")
-@click.option("--ep-size", type=int, default=1, show_default=True, help="Expert-parallel ranks to pre-shard for.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--arch", default=None, help="Compute capability to validate for, e.g. 9.0 (default: the GPU's).")
-@click.option("--max-memory", default=DEFAULT_MAX_MEMORY, show_default=True, help="Host memory budget.")
-@click.option("--shard-size", default=DEFAULT_SHARD_SIZE, show_default=True, help="Output shard size bound.")
-@click.option("--allow-lossy", is_flag=True, help="Accept a lossy repack and report it instead of failing.")
+@click.option("--ep-size", type=int, default=1, show_default=True,
+              help="Expert-parallel ranks to pre-shard for (rank r gets experts [r*E/N, (r+1)*E/N)).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to convert: auto takes the GPU when torch sees one.")
+@click.option("--arch", default=None, help="Compute capability to check the target for, e.g. 9.0 (default: the GPU's).")
+@click.option("--max-memory", default=DEFAULT_MAX_MEMORY, show_default=True,
+              help="Host memory the conversion may hold, e.g. 8GiB.")
+@click.option("--shard-size", default=DEFAULT_SHARD_SIZE, show_default=True, help="Largest output shard, e.g. 5GB.")
+@click.option("--allow-lossy", is_flag=True, help="Accept a lossy repack and report its error instead of failing.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="Kernel parameter, e.g. fp8_scale_mode=blockwise (fimoe-convert targets lists them).")
-@click.option("--resume", is_flag=True, help="Finish an interrupted conversion into OUT.")
+              help="A target parameter, e.g. scale_dtype=f32 (`fimoe-convert targets` lists them).")
+@click.option("--resume", is_flag=True, help="Finish an interrupted conversion into OUT (finished shards are kept).")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier conversion in OUT.")
-@click.option("--dry-run", is_flag=True, help="Print the plan, sizes and free disk; write nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, sizes, free disk and an estimate; write nothing.")
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
 @click.option("--writers", type=int, default=None,
-              help="Output shards written (and hashed) at once; default: from the cores and --max-memory.")
+              help="Output shards written and hashed at once (default: from the cores and --max-memory).")
 @click.option("--config", "config", default=None, metavar="FILE",
               help="A preset (configs/convert/*.toml); flags given here override it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
-@click.option("-v", "--verbose", count=True)
-@click.option("-q", "--quiet", is_flag=True)
-def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, params, resume,
-                overwrite, dry_run, offline, writers, config, as_json, verbose, quiet):
-    """Convert the checkpoint SRC into OUT."""
-    bar = None
-    bad = [p for p in params if "=" not in p]
-    if bad:
-        click.echo(f"error: --param {bad[0]}: expected KEY=VALUE", err=True)
-        sys.exit(2)
-    params = dict(p.split("=", 1) for p in params)
+@click.option("-v", "--verbose", count=True, help="Show the steps (-v) and details (-vv).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
+    """Convert the DeepSeek V4 checkpoint SRC into the folder OUT."""
+    from .convert import convert
+
+    setup_logging(verbose, quiet)
     ctx = click.get_current_context()
+    params = _params(params)
     if config:
         from .files.preset import load_preset
 
-        preset = _run(load_preset, config)
+        preset = load_preset(config)
         preset.pop("model", None)
         params = {**preset.pop("params", {}), **params}
-        given = {k for k in preset if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
-        for k, v in preset.items():
-            if k not in given:
-                ctx.params[k] = v
-        target, revision, ep_size, device, arch, max_memory, shard_size, allow_lossy, writers = (
-            ctx.params[k] for k in ("target", "revision", "ep_size", "device", "arch", "max_memory", "shard_size",
-                                    "allow_lossy", "writers"))
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc="converting", disable=quiet or as_json)
-        bar.update(done - bar.n)
-
-    # in a fixed order: the card's bytes must not depend on the order the flags were typed in
-    shown = [f"--{k.replace('_', '-')} {ctx.params[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
-             if ctx.params[k] != _default(ctx, k)]
-    command = " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if allow_lossy else []),
-                        *[f"--param {k}={v}" for k, v in sorted(params.items())]])
+        flags.update({k: v for k, v in preset.items()
+                      if ctx.get_parameter_source(k) is click.core.ParameterSource.DEFAULT})
+    ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
+    progress = Progress("converting", enabled=not (quiet or as_json))
+    checking = Progress("checking kept shards", enabled=not (quiet or as_json))
     try:
-        res = _run(convert, src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
-                   max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
-                   overwrite=overwrite, dry_run=dry_run, offline=offline, writers=writers, progress=progress,
-                   command=command)
+        res = convert(src, out, params=params, progress=progress, check_progress=checking,
+                      command=_command(ctx, src, flags, params), **flags)
     finally:
-        if bar is not None:
-            bar.close()
-    if dry_run:
-        rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  {r['tensors']} tensors  "
-                         f"{human(r['bytes'])}{'  (kept)' if r['kept'] else ''}" for r in res.plan)
-        text = (f"plan for --target {res.target} on {res.device}: {res.shards} shards\n{rows}\n"
-                f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}"
-                + ("" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"))
-        text += "\n" + dry_run_eta(src, revision, res.bytes_read + res.bytes_written)
-    else:
-        text = (f"converted to {res.target} on {res.device}: {res.shards} shards ({res.shards_kept} kept), "
-                f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
-        if res.report:
-            text += "\n" + json.dumps(res.report, sort_keys=True)
-    if not quiet or as_json:
-        _emit(res.to_json(), as_json, text)
+        checking.close()
+        progress.close()
+    if (not quiet or as_json) and is_rank0():  # under torchrun, rank 0 speaks for all
+        _emit(res.to_json(), as_json, _dry_run_text(res) if res.dry_run else _summary(res))
+
+
+def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
+    """The command line for the model card: the flags that differ from their defaults, in a fixed order (the card's
+    bytes must not depend on the order they were typed in, or on a preset file's path)."""
+    defaults = {p.name: p.default for p in ctx.command.params}
+    shown = [f"--{k.replace('_', '-')} {flags[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
+             if flags[k] != defaults[k]]
+    return " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if flags["allow_lossy"] else []),
+                     *[f"--param {k}={v}" for k, v in sorted(params.items())]])
+
+
+def _summary(res) -> str:
+    text = (f"converted to {res.target} on {res.device}: {plural(res.shards, 'shard')} ({res.shards_kept} kept), "
+            f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
+    line = report_line(res.report)
+    return text + (f"\n{line}" if line else "") + "".join(f"\nnote: {n}" for n in res.notes)
+
+
+def _dry_run_text(res) -> str:
+    rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  {plural(r['tensors'], 'tensor')}  "
+                     f"{human(r['bytes'])}{'  (kept)' if r['kept'] else ''}" for r in res.plan)
+    enough = "" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"
+    return (f"plan for --target {res.target} on {res.device}: {plural(res.shards, 'shard')}\n{rows}\n"
+            f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}{enough}\n"
+            f"{res.estimate}" + "".join(f"\nnote: {n}" for n in res.notes))
 
 
 @main.command("inspect")
 @click.argument("src")
-@click.option("--revision", default=None)
-@click.option("--offline", is_flag=True)
-@click.option("--ep-size", type=int, default=1, show_default=True)
-@click.option("--arch", default=None)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of SRC.")
+@click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only.")
+@click.option("--ep-size", type=int, default=1, show_default=True, help="Judge the targets for this EP size.")
+@click.option("--arch", default=None, help="Judge the targets for this compute capability, e.g. 9.0.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable description.")
 def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
-    """What the checkpoint SRC holds and which targets fit it."""
-    r = _run(inspect, src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
+    """What the checkpoint SRC holds and which targets fit it (or, for a converted folder, what it is)."""
+    from .inspection import inspect
+
+    r = inspect(src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
+    _emit(r, as_json, _converted_text(r) if r.get("converted") else _checkpoint_text(r))
+
+
+def _checkpoint_text(r: dict) -> str:
     m = r["model"]
-    if r.get("converted"):
-        t, origin = r["target"], r["from"]
-        lines = [f"{r['source']}: a fimoe-convert output for --target {t['name']}"
-                 + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
-                 + f", EP size {r['ep_size']}, {'complete' if r['complete'] else 'NOT complete (run with --resume)'}",
-                 f"converted from {origin['repo_id'] or origin['spec']}"
-                 + (f" at {origin['revision']}" if origin.get("revision") else "")
-                 + f" by fimoe-convert {r['tool']['version']}: {r['files']} files, {human(r['bytes'])}",
-                 f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
-                 f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",
-                 f"compute capabilities: {', '.join(t.get('capabilities') or []) or 'any'}; check it with "
-                 f"`fimoe-convert verify {r['source']}`"]
-        _emit(r, as_json, "\n".join(lines))
-        return
     lines = [f"{r['source']}: {r['variant']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
              f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
              f"{m['n_routed_experts']} experts top-{m['num_experts_per_tok']}, {m['num_hidden_layers']} layers "
              f"+ {m['num_nextn_predict_layers']} MTP, {m['num_hash_layers']} hash layers",
-             f"{r['shards']} shards, {r['tensors']} tensors, {human(r['bytes'])} "
-             f"({human(r['routed_expert_bytes'])} routed experts)"]
+             f"{plural(r['shards'], 'shard')}, {plural(r['tensors'], 'tensor')}, {human(r['bytes'])} "
+             f"({human(r['routed_expert_bytes'])} routed experts)"
+             + (" (headers read from the Hub; no weights downloaded)" if r.get("remote") else "")]
     lines += [f"  {k}: {v}" for k, v in r["tensor_classes"].items()]
     lines.append("targets:")
     for name, fit in r["targets"].items():
         lines.append(f"  {name}: " + (fit if fit == "fits" else "no: " + "; ".join(fit)))
-    _emit(r, as_json, "\n".join(lines))
+    return "\n".join(lines)
+
+
+def _converted_text(r: dict) -> str:
+    m, t, origin = r["model"], r["target"], r["from"]
+    return "\n".join([
+        f"{r['source']}: a fimoe-convert output for --target {t['name']}"
+        + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
+        + f", EP size {r['ep_size']}, {'complete' if r['complete'] else 'NOT complete (run with --resume)'}",
+        f"converted from {origin['repo_id'] or origin['spec']}" + (f" at {origin['revision']}" if origin.get("revision") else "")
+        + f" by fimoe-convert {r['tool']['version']}: {plural(r['files'], 'file')}, {human(r['bytes'])}",
+        f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
+        f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",
+        f"loads in: {BY_NAME[t['name']].engines if t['name'] in BY_NAME else 'see its README.md'}",
+        f"compute capabilities: {', '.join(t.get('capabilities') or []) or 'any'}; check it with "
+        f"`fimoe-convert verify {r['source']}`"])
 
 
 @main.command("targets")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable table.")
 def targets_cmd(as_json):
-    """Every target: kernel, architectures, formats, NVSHMEM, and whether it can run here now."""
-    rows = _run(list_targets)
-    lines = [f"{'target':34} {'arch':10} {'weights':8} {'nvshmem':7} {'here':4} notes"]
+    """Every target: its GPUs, formats, NVSHMEM need, the engines that load it, and whether it converts here."""
+    from .inspection import list_targets
+
+    rows = list_targets()
+    lines = [f"{'target':34} {'arch':10} {'weights':9} {'nvshmem':7} {'here':4} notes"]
     for r in rows:
-        lines.append(f"{r['name']:34} {','.join(r['capabilities']) or 'any':10} {r['weight_format'].split()[0]:8} "
+        lines.append(f"{r['name']:34} {','.join(r['capabilities']) or 'any':10} {r['weight_format'].split()[0]:9} "
                      f"{'yes' if r['needs_nvshmem'] else 'no':7} {'yes' if r['available_here'] else 'no':4} "
                      + (r["why"] if not r["available_here"] else "")
                      + (f" aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""))
+        lines.append(f"{'':34} loads in: {r['engines']}")
+    lines.append("suggested by GPU: " + "; ".join(f"{cap} ({name}): {', '.join(k.name for k in suggested(cap))}"
+                                                   for cap, name in GPU_FAMILIES.items() if suggested(cap))
+                 + "; any GPU or engine without FP4 MoE kernels: bf16 or fp8_block (docs/TARGETS.md)")
     _emit(rows, as_json, "\n".join(lines))
 
 
 @main.command("verify")
 @click.argument("out")
-@click.option("--deep", is_flag=True, help="Also re-derive a sample of experts from the source.")
-@click.option("--src", default=None, help="Source to re-derive from (default: the one in the manifest).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--deep", is_flag=True, help="Also re-derive a sample of units from the source, bit for bit.")
+@click.option("--src", default=None, help="The source to re-derive from (default: the one in the manifest).")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 def verify_cmd(out, deep, src, as_json):
-    """Check OUT against its manifest (exit 1 naming the first bad file)."""
-    r = _run(verify, out, deep=deep, src=src)
+    """Check every file of OUT against its manifest (exit 1 naming the first bad file)."""
+    from .verify import verify
+
+    progress = Progress("verifying", enabled=not as_json)
+    try:
+        r = verify(out, deep=deep, src=src, progress=progress)
+    finally:
+        progress.close()
     if r["problems"]:
         if as_json:
             _emit(r, True, "")
         else:
             click.echo(f"error: {r['problems'][0]}", err=True)
         sys.exit(1)
-    _emit(r, as_json, f"ok: {r['files']} files, {human(r['bytes'])} match the manifest"
-          + (f"; {r['deep_checked']} units re-derived from the source match" if deep else ""))
+    _emit(r, as_json, f"ok: {plural(r['files'], 'file')}, {human(r['bytes'])} match the manifest"
+          + (f"; {plural(r['deep_checked'], 'unit')} re-derived from the source match" if deep else ""))
 
 
 @main.command("upload")
@@ -230,47 +306,56 @@ def verify_cmd(out, deep, src, as_json):
 @click.argument("repo_id")
 @click.option("--private", is_flag=True, help="Create the repo private (an existing public repo is refused).")
 @click.option("--revision", default=None, help="Branch to upload to (created if missing).")
-@click.option("--dry-run", is_flag=True, help="List files and bytes; upload nothing.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--dry-run", is_flag=True, help="Check OUT and list its files and bytes; upload nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
-    """Publish a complete, verified OUT to the Hub repo REPO_ID.
+    """Publish a complete, verified OUT to the Hub repo REPO_ID (note: OUT first, the reverse of `hf upload`).
 
     The token comes from HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
     Hub. An interrupted upload resumes when the same command runs again."""
     from .hub import upload
 
-    def run():
-        try:
-            return upload(out, repo_id, private=private, revision=revision, dry_run=dry_run)
-        except KeyboardInterrupt:
-            if os.environ.get("FIMOE_DEBUG") == "1":
-                raise
-            click.echo("error: interrupted; run the same command again to resume (what reached the Hub is not sent "
-                       "again)", err=True)
-            sys.exit(130)
-
-    r = _run(run)
+    ctx = click.get_current_context()
+    ctx.meta[ON_INTERRUPT] = "run the same command again to resume (what reached the Hub is not sent again)"
+    progress = Progress("checking OUT", enabled=not as_json)
+    try:
+        r = upload(out, repo_id, private=private, revision=revision, dry_run=dry_run, progress=progress)
+    finally:
+        progress.close()
     where = f"{repo_id}@{r['revision']}"
     if dry_run:
-        text = "\n".join([f"would upload {r['files']} files, {r['human']} ({r['bytes']} bytes) to {where}"
+        text = "\n".join([f"would upload {plural(r['files'], 'file')}, {r['human']} ({r['bytes']} bytes) to {where}"
                           + (" (private)" if private else ""),
                           *[f"  {f['file']}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
                           *[f"  not uploaded (not in the manifest): {f}" for f in r["not_uploaded"]],
                           "token: " + ("found (not shown)" if r["token_found"] else
                                        "none found: set HF_TOKEN or run `hf auth login` before uploading")])
     else:
-        text = f"uploaded {r['files']} files, {r['human']} to {where}: {r['url']} (commit {r['commit']})"
+        text = f"uploaded {plural(r['files'], 'file')}, {r['human']} to {where}: {r['url']} (commit {r['commit']})"
     _emit(r, as_json, text)
 
 
+@main.command("download")
+@click.argument("src")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of SRC.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
+def download_cmd(src, revision, as_json):
+    """Fetch the files a conversion of the Hub repo SRC reads (weights, configs, tokenizer) into the Hugging Face
+    cache (HF_HUB_CACHE), resumably; a later conversion (or an image build) then runs with --offline."""
+    from .files.source import download
+
+    r = download(src, revision)
+    _emit(r, as_json, f"{src}@{r['revision']}: {plural(r['files'], 'file')}, {human(r['bytes'])} in {r['path']}")
+
+
 @main.command("demo")
-@click.option("--workdir", default="demo-out", show_default=True, help="Folder for the fixture and outputs.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--workdir", default="demo-out", show_default=True, help="Folder for the fixture and the outputs.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 def demo_cmd(workdir, as_json):
-    """Make a tiny V4 checkpoint, convert it to BF16 and to a FlashInfer layout, verify, summarize."""
+    """Make a tiny V4 checkpoint, convert it to BF16 and to a FlashInfer layout, verify both, summarize."""
     from .demo import run_demo
 
-    r = _run(run_demo, workdir, log=None if as_json else click.echo)
+    r = run_demo(workdir, log=None if as_json else click.echo)
     _emit(r, as_json, r["summary"])
 
 

@@ -7,6 +7,7 @@ finally the index, config, model card and the manifest with `complete: true`."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, resume as resuming, versions
+from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.output import (SCHEMA, check_out, copy_file, file_record, free_disk, prepare_out, remove_rank_status,
@@ -24,13 +25,14 @@ from .files.safetensors import INDEX_NAME
 from .files.source import Source, open_source
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
-from .pipeline.hashing import ParallelHashes
+from .files.hashing import ParallelHashes
 from .pipeline.lanes import Lanes, lane_budget, lane_count
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
 CORES_PER_HASH = 4  # input sha256 threads: at most one per this many cores
+log = logging.getLogger("fimoe_convert")
 
 
 @dataclass
@@ -47,6 +49,8 @@ class ConvertResult:
     free_disk: int | None = None
     plan: list[dict] = field(default_factory=list)
     report: dict = field(default_factory=dict)
+    estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
+    notes: list[str] = field(default_factory=list)  # things the user should know (files not copied, ...)
     # Seconds: `start` until the first shard (imports excluded), then per stage, summed over --writers lanes:
     # `read` (source into host memory), `convert` (the target's transform), `wait_for_data` (the writer idle,
     # including `wait_for_device`: its wait for device-to-host copies), `write` (copy into write buffers,
@@ -76,13 +80,15 @@ def convert(
     offline: bool = False,
     writers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    check_progress: Callable[[int, int], None] | None = None,
     command: str | None = None,
 ) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
-    same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part;
-    `command` is the command line shown in the model card."""
+    same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
+    `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
+    model card."""
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
@@ -103,10 +109,13 @@ def convert(
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, tgt, flags.shard_bytes)
     biggest = _check_memory(plan, flags, max_memory)
+    log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     # 4. What an earlier run into OUT left.
     owner = assign_shards(list(plan.shards), group.world)
     old = resuming.previous_run(out_dir, flags.record(), source) if resume else None
-    kept = resuming.kept_shards(out_dir, old, plan, owner, group)
+    kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
+    if old is not None:
+        log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
     # 5. The plan and the free disk; a dry run ends here.
     todo = [s for s in plan.shards if s.filename not in kept]
     disk, free = free_disk(out_dir)
@@ -116,6 +125,7 @@ def convert(
                            plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
                                   "kept": s.filename in kept} for s in plan.shards])
     if dry_run:
+        result.estimate = eta.estimate(source, tgt, plan)[0]
         result.seconds = time.perf_counter() - t0
         return result
     if result.bytes_written * DISK_HEADROOM > free:
@@ -136,6 +146,7 @@ def convert(
     threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH),
                   math.ceil(lanes * plan.read_bytes / max(result.bytes_written, 1)))
     hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads)
+    log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", len(todo), lanes, budget, threads)
     mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
     # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
     for part in group.gather(mine):
@@ -147,6 +158,7 @@ def convert(
     group.barrier()
     group.close()
     result.seconds = time.perf_counter() - t0
+    log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
 
 

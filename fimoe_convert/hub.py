@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
-from .files.output import MANIFEST_NAME, file_sizes, read_manifest, verify_files
+from .files.output import MANIFEST_NAME, file_sizes, path_kind, read_manifest, verify_files
 from .files.output import strays as stray_files
 from .sizes import human
 
@@ -158,13 +158,13 @@ def _glob_escape(name: str) -> str:
     return re.sub(r"([\[\]*?])", r"[\1]", name)
 
 
-def upload_plan(out: str) -> tuple[Path, dict, list[dict], list[str]]:
+def upload_plan(out: str, progress=None) -> tuple[Path, dict, list[dict], list[str]]:
     """(OUT, manifest, [{file, bytes}], strays) for a complete OUT whose files all match the manifest.
 
     Refuses (InputError naming the file) an unfinished or damaged OUT."""
     out_dir = Path(out)
     manifest = read_manifest(out_dir, require_complete=True)
-    res = verify_files(out_dir, manifest)
+    res = verify_files(out_dir, manifest, progress)
     if not res.ok:
         raise InputError(f"{res.problems[0]}; refusing to upload an OUT that does not verify "
                          f"(fimoe-convert verify {out_dir})")
@@ -176,16 +176,21 @@ def upload_plan(out: str) -> tuple[Path, dict, list[dict], list[str]]:
 
 def upload(out: str, repo_id: str, *, private: bool = False, revision: str | None = None,
            dry_run: bool = False, token: str | None = None, endpoint: str | None = None,
-           commit_message: str | None = None) -> dict:
+           commit_message: str | None = None, progress=None) -> dict:
     """Publish a complete, verified OUT folder to the Hub model repo `repo_id`.
 
     Exactly the files the manifest lists, plus the manifest, are sent (anything else in OUT stays
     local). `create_repo(exist_ok=True)`, the branch `revision` when given, then `upload_folder`:
     with hf_xet installed a resumable multi-commit upload; without it plain LFS uploads whose
     finished objects the Hub keeps. Re-running after an interruption sends only what is missing.
-    `dry_run` lists files and bytes and sends nothing. The token is never returned or printed."""
+    `dry_run` lists files and bytes and sends nothing. The token is never returned or printed. `progress(done
+    bytes, total bytes)` while OUT is re-hashed before anything is sent."""
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if path_kind(out) != "folder" and path_kind(repo_id) == "folder":
+        raise UsageError(f"OUT {out!r} is not a folder but REPO_ID {repo_id!r} is: did you swap them? The command is "
+                         f"`fimoe-convert upload OUT REPO_ID` (the reverse of `hf upload REPO_ID PATH`)")
 
     try:
         validate_repo_id(repo_id)
@@ -193,7 +198,7 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
         raise UsageError(f"REPO_ID {repo_id!r}: {e}") from None
     if "/" not in repo_id:
         raise UsageError(f"REPO_ID {repo_id!r}: expected NAMESPACE/NAME (your user or organization, then the repo)")
-    out_dir, manifest, files, strays = upload_plan(out)
+    out_dir, manifest, files, strays = upload_plan(out, progress)
     total = sum(f["bytes"] for f in files)
     if dry_run and not token and os.environ.get("HF_OIDC_RESOURCE"):
         found = True  # the OIDC token exchange is a network call: left to the real upload

@@ -124,6 +124,9 @@ KERNELS: tuple[Kernel, ...] = (
             preprocess_needs_cuda=True, preprocess_capabilities=SM100),
 )
 
+# Compute capability -> the GPUs that have it, for suggestions.
+GPU_FAMILIES = {"9.0": "H100/H200", "10.0": "B200/GB200", "10.3": "B300/GB300", "10.7": "SM107", "12.0": "RTX PRO 6000, RTX 50"}
+
 # What to install for a package a conversion needs (Kernel.needs_packages).
 INSTALL = {"flashinfer": "pip install 'fimoe-convert[flashinfer]'",
            "deep_gemm": "install a DeepGEMM build with transform_sf_into_required_layout for your torch and CUDA "

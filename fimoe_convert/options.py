@@ -54,6 +54,8 @@ class ConvertOptions:
             raise UsageError("--resume and --overwrite: pass one of them, not both")
         if writers is not None and writers < 1:
             raise UsageError(f"--writers {writers}: expected 1 or more shards written at once (or leave it out: auto)")
+        if type(ep_size) is not int or ep_size < 1:
+            raise UsageError(f"--ep-size {ep_size}: must be 1 or more (the number of expert-parallel ranks)")
         shard_bytes = parse_size(shard_size, "--shard-size")
         memory_bytes = parse_size(max_memory, "--max-memory")
         kernel = get_kernel(target)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .distributed import Group
 from .errors import InputError, UsageError
-from .files.output import has_manifest, matches_record, read_manifest, read_rank_status
+from .files.output import has_manifest, matching_records, read_manifest, read_rank_status
 from .files.source import Source
 from .plan import Plan
 
@@ -34,18 +34,18 @@ def previous_run(out_dir: Path, options: dict, source: Source) -> dict | None:
     return old
 
 
-def kept_shards(out_dir: Path, old: dict | None, plan: Plan, owner: list[int], group: Group) -> dict[str, dict]:
+def kept_shards(out_dir: Path, old: dict | None, plan: Plan, owner: list[int], group: Group,
+                progress=None) -> dict[str, dict]:
     """{shard file: record} of the finished shards that still match their records; each rank re-hashes the
-    shards it owns."""
+    shards it owns (in parallel; `progress(done bytes, total bytes)`)."""
     if old is None:
         return {}
     written = {f: old.get("files", {}).get(f) for f, st in old.get("status", {}).items() if st == "written"}
     written.update(read_rank_status(out_dir))
-    mine = {}
-    for i, shard in enumerate(plan.shards):
-        rec = written.get(shard.filename)
-        if owner[i] == group.rank and rec and matches_record(out_dir / shard.filename, rec):
-            mine[shard.filename] = rec
+    candidates = {s.filename: written[s.filename] for i, s in enumerate(plan.shards)
+                  if owner[i] == group.rank and written.get(s.filename)}
+    matching = matching_records(out_dir, candidates, progress)
+    mine = {f: rec for f, rec in candidates.items() if f in matching}
     kept: dict[str, dict] = {}
     for part in group.gather(mine):
         kept.update(part)

@@ -15,6 +15,10 @@ def parse_size(text: str | int, flag: str) -> int:
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", text, flags=re.IGNORECASE)
+    short = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT])i?\s*", text, flags=re.IGNORECASE)
+    if short:  # "8G": ambiguous between 8GB and 8GiB
+        n, u = short.group(1), short.group(2).upper()
+        raise UsageError(f"{flag}: cannot read size {text!r}; did you mean {n}{u}B (decimal) or {n}{u}iB (binary)?")
     if not m or (m.group(2) or "").upper() not in _UNITS:
         raise UsageError(f"{flag}: cannot read size {text!r}; expected a number with a unit like 5GB or 2GiB")
     value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])

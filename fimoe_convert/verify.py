@@ -7,23 +7,25 @@ from pathlib import Path
 
 import torch
 
-from .files.output import read_manifest, read_output_tensors, verify_files
-from .files.source import open_source
+from .errors import InputError, UsageError
+from .files.output import MANIFEST_NAME, read_manifest, read_output_tensors, verify_files
+from .files.source import Source, open_source
 from .options import parse_arch
 from .plan import piece_rows
 from .targets import TargetOptions, make_target
 
 
-def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None) -> dict:
-    """Re-hash every output file against the manifest and check index, manifest and headers agree.
-    With `deep`, re-derive `samples` converted units from the source and compare them bit for bit."""
+def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> dict:
+    """Re-hash every output file against the manifest (in parallel; `progress(done bytes, total bytes)`) and check
+    index, manifest and headers agree. With `deep`, check that the source is the one the output was converted from
+    (sizes, and sha256s the manifest recorded), then re-derive `samples` units from it and compare them bit for bit."""
     out_dir = Path(out)
     manifest = read_manifest(out_dir)
-    res = verify_files(out_dir, manifest)
+    res = verify_files(out_dir, manifest, progress)
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if res.problems or not deep:
         return report
-    source = open_source(src or manifest["source"]["spec"], revision=manifest["source"]["revision"], offline=True)
+    source = _source(manifest, src, out_dir)
     o = manifest["options"]
     opts = TargetOptions(ep_size=o["ep_size"], arch=parse_arch(o["arch"]), device="cpu",
                          allow_lossy=o["allow_lossy"], params=o["params"])
@@ -44,3 +46,31 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
         if report["problems"]:
             break
     return report
+
+
+def _source(manifest: dict, src: str | None, out_dir: Path) -> Source:
+    """The source to re-derive from, checked against what the manifest recorded of it before any unit is compared,
+    so that a wrong --src is blamed, not a good output."""
+    rec = manifest["source"]
+    spec = src or rec["spec"]
+    try:
+        source = open_source(spec, revision=rec["revision"], offline=True)
+    except UsageError as e:
+        if src is None and not Path(spec).is_absolute():
+            raise UsageError(f"verify --deep: the manifest records the source as {spec!r}, a path relative to where "
+                             f"the conversion ran, which is not found from here; pass --src PATH") from None
+        raise e
+    problems = []
+    for rel, want in sorted(rec.get("files", {}).items()):
+        got = source.file_record(rel, compute_hash=False) if rel in source.input_files() else None
+        if got is None:
+            problems.append(f"{rel}: not in {spec}")
+        elif got.size != want.get("size") or (got.sha256 and want.get("sha256") and got.sha256 != want["sha256"]):
+            problems.append(f"{rel}: {got.size} bytes, sha256 {(got.sha256 or 'not known')[:16]}; the output was "
+                            f"converted from {want.get('size')} bytes, sha256 {(want.get('sha256') or 'not recorded')[:16]}")
+    if problems:
+        where = "--src " + src if src else f"the source recorded in {out_dir / MANIFEST_NAME}"
+        raise InputError(f"{where}: is not the checkpoint {out_dir} was converted from ({'; '.join(problems[:3])}"
+                         + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+                         + "); pass the original with --src PATH")
+    return source

@@ -182,9 +182,10 @@ def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
     lines = res.output.splitlines()
     assert lines[0] == "plan for --target bf16 on cpu: 3 shards"
     assert re.fullmatch(r"read [0-9.]+ MB, write [0-9.]+ MB, free disk [0-9.]+ [kMGT]?B", lines[4])
-    assert re.fullmatch(r"ETA: (under 1 s|about ([0-9]+ s|[0-9.]+ min|[0-9.]+ h)) \(estimate: read \+ write "
-                        r"[0-9.]+ MB at [0-9.]+ [kMGT]?B/s, the read rate of a [0-9.]+ [kMGT]?B sample of SRC, x1\.25; "
-                        r".*\)", lines[5]), lines[5]
+    assert re.fullmatch(r"ETA: (under 1 s|about ([0-9]+ s|[0-9.]+ min|[0-9.]+ h)) \(estimate: a sample unit, "
+                        r"layers\.\d+\.ffn\.experts\.\d+, converted [0-9.]+ kB in [0-9.]+ ms on cpu, so 32 units take "
+                        r"about [0-9]+ s; reading and writing [0-9.]+ MB at the [0-9.]+ [kMGT]?B/s read from SRC take "
+                        r"about [0-9]+ s; the larger of the two, as they overlap; .*\)", lines[5]), lines[5]
     assert not out.exists()
 
 

@@ -38,7 +38,7 @@ INDEX = "model.safetensors.index.json"
 MANIFEST = "fimoe-manifest.json"
 REPO = "deepseek-ai/DeepSeek-V4-Tiny"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-INTERRUPTED = "error: interrupted; finished shards are kept: run the same command with --resume"
+INTERRUPTED = "error: interrupted (SIGINT); finished shards are kept: run the same command with --resume"
 
 
 def _script(name: str):
@@ -375,7 +375,9 @@ def test_incomplete_hub_snapshot(tiny_ckpt, tmp_path):
 @pytest.mark.parametrize("writers", ["1", "3"])
 def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypatch, writers):
     """KeyboardInterrupt raised from the progress callback, through the CLI: exit 130, one line, resumable."""
-    real = cli_mod.convert
+    import fimoe_convert.convert as conv_mod
+
+    real = conv_mod.convert
 
     def interrupted(*a, **kw):
         inner = kw["progress"]
@@ -387,7 +389,7 @@ def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypat
 
         return real(*a, **{**kw, "progress": progress})
 
-    monkeypatch.setattr(cli_mod, "convert", interrupted)
+    monkeypatch.setattr(conv_mod, "convert", interrupted)
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--writers", writers, "-q")
     assert r.exit_code == 130 and r.stderr == INTERRUPTED + "\n", (r.output, r.exception)

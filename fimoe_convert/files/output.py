@@ -101,8 +101,11 @@ class VerifyResult:
         return not self.problems
 
 
-def verify_files(out_dir: Path, manifest: dict | None = None) -> VerifyResult:
-    """Re-hash every file the manifest lists; check the index, the manifest and every shard header agree."""
+def verify_files(out_dir: Path, manifest: dict | None = None, progress=None) -> VerifyResult:
+    """Re-hash every file the manifest lists (in parallel; `progress(done bytes, total bytes)`); check the index,
+    the manifest and every shard header agree."""
+    from .hashing import hash_files
+
     out_dir = Path(out_dir)
     manifest = manifest or read_manifest(out_dir)
     problems: list[str] = []
@@ -111,6 +114,7 @@ def verify_files(out_dir: Path, manifest: dict | None = None) -> VerifyResult:
                         "(run it again with --resume)")
     files = manifest.get("files") or {}
     total = 0
+    sized: list[Path] = []
     for rel in sorted(files):
         want = files[rel]
         path = out_dir / rel
@@ -122,9 +126,12 @@ def verify_files(out_dir: Path, manifest: dict | None = None) -> VerifyResult:
         if size != want["size"]:
             problems.append(f"{path}: {size} bytes, manifest says {want['size']}")
             continue
-        sha = sha256_file(path)
-        if sha != want["sha256"]:
-            problems.append(f"{path}: sha256 {sha[:16]}..., manifest says {want['sha256'][:16]}...; "
+        sized.append(path)
+    hashes = hash_files(sized, progress)
+    for path in sized:
+        want = files[path.relative_to(out_dir).as_posix()]
+        if hashes[path] != want["sha256"]:
+            problems.append(f"{path}: sha256 {hashes[path][:16]}..., manifest says {want['sha256'][:16]}...; "
                             "the file is damaged, convert again with --resume")
     index_path = out_dir / INDEX_NAME
     if INDEX_NAME in files and index_path.is_file() and not problems:
@@ -223,6 +230,12 @@ def strays(out_dir: Path, names: set[str]) -> list[str]:
                   if p.is_file() and p.relative_to(out_dir).as_posix() not in names)
 
 
+def path_kind(path: str | Path) -> str:
+    """"folder", "file" or "missing" (anything else that exists counts as a file)."""
+    p = Path(path)
+    return "folder" if p.is_dir() else "file" if p.exists() else "missing"
+
+
 def file_sizes(out_dir: Path, names: list[str]) -> dict[str, int]:
     return {n: (out_dir / n).stat().st_size for n in names}
 
@@ -231,6 +244,12 @@ def has_manifest(out_dir: Path) -> bool:
     return (out_dir / MANIFEST_NAME).exists()
 
 
-def matches_record(path: Path, rec: dict) -> bool:
-    """The file exists with the recorded size and sha256."""
-    return path.is_file() and path.stat().st_size == rec["size"] and sha256_file(path) == rec["sha256"]
+def matching_records(out_dir: Path, records: dict[str, dict], progress=None) -> set[str]:
+    """The names in `records` ({file: {size, sha256}}) whose file in OUT has that size and sha256 (hashed in
+    parallel; `progress(done bytes, total bytes)`)."""
+    from .hashing import hash_files
+
+    sized = {out_dir / rel: rel for rel, rec in records.items()
+             if (out_dir / rel).is_file() and (out_dir / rel).stat().st_size == rec["size"]}
+    hashes = hash_files(list(sized), progress)
+    return {rel for path, rel in sized.items() if hashes[path] == records[rel]["sha256"]}

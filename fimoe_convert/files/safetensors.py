@@ -548,11 +548,16 @@ def write_file(path: Path, tensors: list[tuple[PlannedTensor, object]],
         return w.finish()
 
 
-def sha256_file(path: Path, block: int = IO_BLOCK) -> str:
+def sha256_file(path: Path, block: int = IO_BLOCK, on_bytes=None) -> str:
+    """The file's sha256 hex digest; `on_bytes(n)` after each block read."""
     h = hashlib.sha256()
+    buf = bytearray(block)
+    view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(block):
-            h.update(chunk)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            if on_bytes:
+                on_bytes(n)
     return h.hexdigest()
 
 

@@ -125,16 +125,14 @@ def local_dir_sha256(root: Path, rel: str) -> str | None:
     return etag if fresh and _SHA256_RE.match(etag) else None
 
 
-def read_rate(root: Path, sample_bytes: int) -> tuple[int, float]:
-    """(bytes, seconds) of reading up to `sample_bytes` from the start of the largest shard under `root`."""
-    import time
-
-    biggest = max(root.glob("*.safetensors"), key=lambda p: p.stat().st_size)
-    sample, t0 = 0, time.perf_counter()
-    with open(biggest, "rb", buffering=0) as f:
-        while sample < sample_bytes and (chunk := f.read(8 * 2**20)):
-            sample += len(chunk)
-    return sample, time.perf_counter() - t0
+def download(spec: str, revision: str | None) -> dict:
+    """Fetch the files a conversion of the Hub repo `spec` reads into the Hugging Face cache (resumable)."""
+    if not _is_repo_id(spec):
+        raise UsageError(f"SRC {spec!r}: not a Hub repo id (org/name); only a Hub repo is downloaded")
+    root = resolve_source_root(spec, revision, offline=False)[0]
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return {"repo_id": spec, "revision": root.name, "path": str(root), "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files)}
 
 
 def _is_repo_id(spec: str) -> bool:

@@ -3,5 +3,4 @@
 - `channels`: the byte budget and the FIFOs between threads;
 - `schedule`: the order of work for one output shard, as typed steps (pure);
 - `feeder`: a reader and a converter thread feeding one writer lane;
-- `lanes`: the writer lanes (several shards written and hashed at once) and their sizing;
-- `hashing`: sha256 of files on a few threads, beside the conversion."""
+- `lanes`: the writer lanes (several shards written and hashed at once) and their sizing."""

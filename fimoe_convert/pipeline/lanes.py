@@ -17,6 +17,7 @@ from ..plan import OutShard, Plan
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes
 
+SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch API write; some loaders look for it
 READ_AHEAD_MAX = 128 << 20  # bytes read or converted ahead of the writer, unless two units need more
 MAX_LANES = 4  # one sha256 per lane; more lanes than this gained nothing on the machines measured
 CORES_PER_LANE = 4  # a lane keeps a reader, a converter, a writer and a hasher busy
@@ -113,7 +114,7 @@ class Lanes:
                 assert isinstance(start, ShardStart), start
                 shard = start.shard
                 planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
-                with ShardWriter(self.out_dir / shard.filename, planned) as writer:
+                with ShardWriter(self.out_dir / shard.filename, planned, SHARD_METADATA) as writer:
                     for t in shard.tensors:
                         writer.begin_tensor(t.name)
                         last = False

@@ -1,0 +1,96 @@
+"""What the command line shows while it works: byte progress, log lines, and one-line reports.
+
+Progress is a tqdm bar on a terminal and a plain line every few seconds otherwise (a log file gets no `\\r`
+redraws); only rank 0 of a torchrun launch shows anything."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from .sizes import human
+
+PLAIN_EVERY_S = 5.0  # seconds between progress lines when stderr is not a terminal
+
+
+def is_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def setup_logging(verbose: int, quiet: bool) -> None:
+    """-v: the steps of the work (INFO); -vv: details (DEBUG); -q: warnings only; default: warnings."""
+    level = logging.WARNING if quiet or verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    log = logging.getLogger("fimoe_convert")
+    log.setLevel(level)
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("fimoe-convert: %(message)s"))
+        log.addHandler(handler)
+
+
+class _Stderr(logging.Handler):
+    """Writes to whatever sys.stderr is now (a test runner or a caller may have replaced it since)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
+class Progress:
+    """A byte counter shown as `desc`: call it with (done, total); `close()` when the work ends or fails."""
+
+    def __init__(self, desc: str, enabled: bool = True):
+        self.desc = desc
+        self.enabled = enabled and is_rank0()
+        self.bar = None
+        self.t0 = self.last = time.monotonic()
+        self.done = self.total = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        self.done, self.total = done, total
+        if sys.stderr.isatty():
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=self.desc,
+                                file=sys.stderr, dynamic_ncols=True)
+            self.bar.update(done - self.bar.n)
+        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total:
+            self.last = time.monotonic()
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        secs = max(time.monotonic() - self.t0, 1e-9)
+        rate = self.done / secs
+        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        pct = 100 * self.done / self.total if self.total else 100.0
+        eta = f", about {left:.0f} s left" if self.done < self.total and left != float("inf") else ""
+        return f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%), {human(rate)}/s{eta}"
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def report_line(report: dict) -> str:
+    """A target's report (fp8_block tiles, the megamoe scale window) as one readable line; '' for none."""
+    parts = []
+    if "fp8_block" in report:
+        r = report["fp8_block"]
+        lossy = (f"{r['lossy_tiles']} lossy in {plural(r['lossy_tensors'], 'tensor')} (worst abs. error "
+                 f"{r['worst_abs_err']:.3g}, rel. {r['worst_rel_err']:.3g})" if r["lossy_tiles"] else "all exact")
+        parts.append(f"fp8_block: {plural(r['tensors'], 'expert matrix')}, {plural(r['tiles'], 'tile')}, {lossy}")
+    if "mxfp4_window" in report:
+        r = report["mxfp4_window"]
+        lossy = (f"{r['clamped_groups']} clamped in {plural(r['lossy_experts'], 'expert')} (worst rel. L2 "
+                 f"{r['worst_rel_l2']:.3g})" if r["clamped_groups"] else "all exact")
+        parts.append(f"MXFP4 scale window: {plural(r['groups'], 'scale group')}, {lossy}")
+    return "; ".join(parts).replace("expert matrixs", "expert matrices")

@@ -1,0 +1,182 @@
+"""The first ten minutes, as a user meets them: every point runs the CLI as a user does and matches what it
+prints and its exit code (issue 18)."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from fimoe_convert import console
+from fimoe_convert.cli import main
+
+
+def run(*args, **env):
+    return CliRunner().invoke(main, [str(a) for a in args], env=env or None)
+
+
+@pytest.fixture(scope="module")
+def bf16_out(tiny_ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "out"
+    assert run(tiny_ckpt, out, "-q").exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("typo, command", [("inpsect", "inspect"), ("verfy", "verify"), ("targest", "targets"),
+                                           ("uplaod", "upload")])
+def test_a_mistyped_command_is_not_taken_as_src(typo, command, tmp_path):
+    r = run(typo, tmp_path / "x")
+    assert r.exit_code == 2
+    assert f"no such command '{typo}'; did you mean '{command}'?" in r.output
+
+
+@pytest.mark.parametrize("name, ok", [("BF16", True), ("fp8-block", True), ("Megamoe_SM90_MXFP4", True),
+                                      ("bf61", False), ("fp8_blok", False)])
+def test_target_names_ignore_case_and_hyphens_and_typos_get_a_suggestion(tiny_ckpt, tmp_path, name, ok):
+    r = run(tiny_ckpt, tmp_path / "out", "--target", name, "--dry-run", "--json")
+    if ok:
+        assert r.exit_code == 0, r.output
+    else:
+        assert r.exit_code == 2 and re.search(rf"^error: --target {name}: unknown target; did you mean '", r.stderr, re.M)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--ep-size", "0"], r"^error: --ep-size 0: must be 1 or more \(the number of expert-parallel ranks\)$"),
+    (["--ep-size", "-2"], r"^error: --ep-size -2: must be 1 or more"),
+    (["--max-memory", "8G"], r"^error: --max-memory: cannot read size '8G'; did you mean 8GB \(decimal\) or 8GiB "
+                             r"\(binary\)\?$"),
+    (["--shard-size", "5g"], r"did you mean 5GB \(decimal\) or 5GiB \(binary\)\?"),
+    (["--param", "dense"], r"^error: --param dense: expected KEY=VALUE"),
+    (["--target", "megamoe_sm90_mxfp4", "--ep-size", "3"], r"--ep-size 3: must divide the 8 routed experts"),
+])
+def test_flag_errors_exit_2_in_one_line(tiny_ckpt, tmp_path, args, match):
+    r = run(tiny_ckpt, tmp_path / "out", *args)
+    assert r.exit_code == 2, r.output
+    assert re.search(match, r.stderr, re.M), r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_help_has_examples_and_every_option_has_help():
+    r = run("--help")
+    assert r.exit_code == 0 and "Examples:" in r.output and "fimoe-convert demo" in r.output
+    for cmd in ("convert", "inspect", "verify", "upload", "targets", "demo", "download"):
+        text = run(cmd, "--help").output
+        options = re.findall(r"^  (-[-\w, ]+?)(?:  +|\n)(.*)$", text, re.M)
+        assert options, cmd
+        for flag, helptext in options:
+            assert helptext.strip() or flag.strip() in ("--help",), (cmd, flag)
+
+
+def test_one_file_one_shard_plural(tiny_ckpt, tmp_path):
+    r = run(tiny_ckpt, tmp_path / "out")
+    assert r.exit_code == 0 and "converted to bf16 on cpu: 1 shard (0 kept)" in r.stdout
+
+
+def test_reports_are_one_readable_line(tiny_ckpt, tmp_path):
+    r = run(tiny_ckpt, tmp_path / "out", "--target", "fp8_block")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^fp8_block: 96 expert matrices, \d+ tiles, all exact$", r.stdout, re.M), r.stdout
+    assert "{" not in r.stdout
+
+
+def test_progress_without_a_terminal_is_plain_lines_and_the_error_comes_last(tiny_ckpt, tmp_path, monkeypatch):
+    """stderr is not a terminal here: no \\r redraws, a plain line per interval; after Ctrl-C the error is the last line."""
+    monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)
+    r = run(tiny_ckpt, tmp_path / "out", "--shard-size", "1MB")
+    assert r.exit_code == 0
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr and len(lines) >= 3
+    assert all(re.fullmatch(r"converting: [0-9.]+ [kMG]?B of [0-9.]+ MB \(\d+%\), [0-9.]+ [kMG]?B/s(, about \d+ s left)?", ln)
+               for ln in lines), lines
+    assert lines[-1].startswith("converting: ") and "(100%)" in lines[-1]
+
+    import fimoe_convert.convert as conv
+
+    real = conv.convert
+
+    def interrupted(*a, progress, **kw):
+        def stop(done, total):
+            progress(done, total)
+            if done > total // 2:
+                raise KeyboardInterrupt
+        return real(*a, progress=stop, **kw)
+
+    monkeypatch.setattr(conv, "convert", interrupted)
+    r = run(tiny_ckpt, tmp_path / "out2", "--shard-size", "1MB")
+    assert r.exit_code == 130
+    assert r.stderr.splitlines()[-1] == ("error: interrupted (SIGINT); finished shards are kept: run the same command "
+                                          "with --resume")
+
+
+def test_only_rank_0_prints(tiny_ckpt, tmp_path):
+    r = run(tiny_ckpt, tmp_path / "out", RANK="1")
+    assert r.exit_code == 0 and r.output == ""
+
+
+@pytest.mark.parametrize("flag, expect", [("-v", ["plan: 1 shard(s)", "writing 1 shard(s) on"]),
+                                          ("-vv", ["plan: 1 shard(s)"])])
+def test_verbose_shows_the_steps(tiny_ckpt, tmp_path, flag, expect):
+    r = run(tiny_ckpt, tmp_path / "out", flag)
+    assert r.exit_code == 0
+    for text in expect:
+        assert f"fimoe-convert: {text}" in r.stderr, r.stderr
+    assert "fimoe-convert: plan" not in run(tiny_ckpt, tmp_path / "quiet").stderr
+
+
+def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tmp_path):
+    from fimoe_convert.testing import make_checkpoint
+
+    other = make_checkpoint(tmp_path / "other", "tiny", seed=7)
+    r = run("verify", bf16_out, "--deep", "--src", other)
+    assert r.exit_code == 1
+    assert re.search(rf"^error: --src {re.escape(str(other))}: is not the checkpoint {re.escape(str(bf16_out))} was "
+                     r"converted from \(model-00001-of-\d+\.safetensors: \d+ bytes, sha256 not known; the output was "
+                     r"converted from \d+ bytes, sha256 [0-9a-f]{16}.*\); pass the original with --src PATH$", r.stderr, re.M), r.stderr
+    assert run("verify", bf16_out, "--deep").exit_code == 0
+
+
+def test_verify_deep_from_elsewhere_with_a_relative_source_names_src(tiny_ckpt, tmp_path):
+    """The manifest keeps SRC as given (relative); from another directory, the error says to pass --src."""
+    work = tmp_path / "work"
+    shutil.copytree(tiny_ckpt, work / "ckpt")
+    r = subprocess.run([sys.executable, "-m", "fimoe_convert", "ckpt", "out", "-q"], cwd=work, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == ("error: verify --deep: the manifest records the source as 'ckpt', a path "
+                                         "relative to where the conversion ran, which is not found from here; pass --src PATH")
+    r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep", "--src", "work/ckpt"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0 and "units re-derived from the source match" in r.stdout
+
+
+def test_upload_with_swapped_arguments_says_so(bf16_out):
+    r = run("upload", "me/my-model", bf16_out, "--dry-run")
+    assert r.exit_code == 2
+    assert "did you swap them? The command is `fimoe-convert upload OUT REPO_ID`" in r.stderr
+
+
+def test_an_unexpected_failure_is_one_line(tiny_ckpt, tmp_path, monkeypatch):
+    import fimoe_convert.convert as conv
+
+    def broken(*a, **kw):
+        raise RuntimeError("disk controller\nexploded")
+
+    monkeypatch.setattr(conv, "convert", broken)
+    r = run(tiny_ckpt, tmp_path / "out")
+    assert r.exit_code == 1
+    assert r.stderr == ("error: RuntimeError: disk controller exploded; this is not a known input problem: run again "
+                        "with FIMOE_DEBUG=1 for the traceback and report it\n")
+
+
+def test_targets_lists_engines_and_suggestions():
+    r = run("targets")
+    assert r.exit_code == 0
+    assert "loads in: transformers; vLLM;" in r.stdout
+    assert "suggested by GPU: 9.0 (H100/H200): megamoe_sm90_mxfp4, sm90_fp8_mxfp4_bf16_pull_cutedsl" in r.stdout
+    assert json.loads(run("targets", "--json").stdout)[0]["engines"]
