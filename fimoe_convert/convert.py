@@ -27,6 +27,7 @@ from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
 from .files.hashing import ParallelHashes
 from .pipeline.lanes import Lanes, lane_budget, lane_count
+from .sizes import human
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
 
@@ -108,7 +109,7 @@ def convert(
     group.barrier()  # every rank has checked OUT before rank 0 creates it
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, tgt, flags.shard_bytes)
-    biggest = _check_memory(plan, flags, max_memory)
+    biggest = _check_memory(plan, flags, max_memory, source.model.n_routed_experts)
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     # 4. What an earlier run into OUT left.
     owner = assign_shards(list(plan.shards), group.world)
@@ -180,14 +181,20 @@ def tool_versions() -> dict:
             "safetensors": versions.installed("safetensors"), "flashinfer": versions.installed("flashinfer-python")}
 
 
-def _check_memory(plan: Plan, flags: ConvertOptions, max_memory) -> int:
-    """The largest unit's output bytes; refuses a --max-memory below what that unit needs."""
+def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -> int:
+    """The largest unit's output bytes; refuses a --max-memory below what that unit needs (its output and its
+    inputs, about twice the output), naming the memory and the --ep-size that would fit."""
     biggest = max(plan.units.values(), key=lambda u: u.out_bytes, default=None)
     size = biggest.out_bytes if biggest else 0
-    if size * 2 > flags.memory_bytes:
-        raise ValidationError([f"--max-memory {max_memory}: one unit of work ({biggest.key}) needs about {2 * size} "
-                               "bytes (its output and its inputs); raise --max-memory"
-                               + (" or use a larger --ep-size" if flags.kernel.kernel_name else "")])
+    need = 2 * size
+    if need > flags.memory_bytes:
+        ep = flags.target.ep_size
+        fits = next((d for d in range(ep + 1, experts + 1) if experts % d == 0 and need * ep / d <= flags.memory_bytes),
+                    None)
+        hint = (f", or use --ep-size {fits} (about {human(need * ep / fits)} a unit)"
+                if fits and flags.kernel.kernel_name else "")
+        raise ValidationError([f"--max-memory {max_memory}: one unit of work ({biggest.key}) needs about {human(need)} "
+                               f"(its output and its inputs); raise --max-memory to at least {human(need)}{hint}"])
     return size
 
 

@@ -40,6 +40,10 @@ class Kernel:
     # with uint8 scales, "fp4_e8m0" the same with float8_e8m0fnu scales, "bf16" the exact dequant)
     config_class: str | None = None
     pack_format: str | None = None
+    # The layout of N experts is the layouts of chunks of them, concatenated (checked against the whole-block call by
+    # tests/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow with them.
+    expert_chunks: bool = False
+    expert_chunks_unless: dict[str, str] = field(default_factory=dict)  # a --param value under which they are not
 
 
 def _moe_ep(name: str, description: str, *, capabilities: tuple[str, ...], weights: str, activations: str,
@@ -77,32 +81,33 @@ KERNELS: tuple[Kernel, ...] = (
             "SM100 CuTe-DSL megakernel, MXFP8 activations x MXFP4 weights; checkpoint FP4 bytes kept, scales swizzled",
             capabilities=SM100, weights="mxfp4 (FP4 checkpoint verbatim)", activations="mxfp8",
             config_class="Sm100_Mxfp8_Mxfp4_Bf16_Cutedsl_MegaMoeConfig", pack_format="fp4", needs_nvshmem=True,
-            recommended=True),
+            recommended=True, expert_chunks=True),
     _moe_ep("sm107_mxfp8_mxfp4_bf16_cutedsl", "SM107 CuTe-DSL megakernel, MXFP8 activations x MXFP4 weights",
             capabilities=("10.7",), weights="mxfp4 (FP4 checkpoint verbatim)", activations="mxfp8",
             config_class="Sm107_Mxfp8_Mxfp4_Bf16_Cutedsl_MegaMoeConfig", pack_format="fp4_e8m0", needs_nvshmem=True,
-            recommended=True),
+            recommended=True, expert_chunks=True),
     _moe_ep("sm107_mxfp4_mxfp4_bf16_cutedsl", "SM107 CuTe-DSL megakernel, MXFP4 activations x MXFP4 weights",
             capabilities=("10.7",), weights="mxfp4 (FP4 checkpoint verbatim)", activations="mxfp4",
             config_class="Sm107_Mxfp4_Mxfp4_Bf16_Cutedsl_MegaMoeConfig", pack_format="fp4_e8m0", needs_nvshmem=True,
-            recommended=True),
+            recommended=True, expert_chunks=True),
     _moe_ep("sm120_mxfp4_mxfp8_bf16_cake", "SM120 cake megakernel, MXFP8 activations x MXFP4 weights",
             capabilities=("12.0",), weights="mxfp4 (FP4 checkpoint verbatim)", activations="mxfp8",
             config_class="Sm120_Mxfp4_Mxfp8_Bf16_Cake_MegaMoeConfig", pack_format="fp4", recommended=True),
     _moe_ep("sm100_bf16_bf16_bf16_cutedsl", "SM100 CuTe-DSL megakernel on BF16 weights (exact dequant of the FP4 experts)",
             capabilities=SM100, weights="bf16 (exact dequant)", activations="bf16",
             config_class="Sm100_Bf16_Bf16_Bf16_Cutedsl_MegaMoeConfig", pack_format="bf16", align=(32, 64),
-            aliases=("bf16_cutedsl",), needs_nvshmem=True),
+            aliases=("bf16_cutedsl",), needs_nvshmem=True, expert_chunks=True),
     _moe_ep("sm100_mxfp8_mxfp8_bf16_cutedsl",
             "SM100 CuTe-DSL megakernel, MXFP8 weights requantized by FlashInfer from the exact BF16 dequant",
             capabilities=SM100, weights="mxfp8 (FlashInfer requantizes the exact BF16 dequant)", activations="mxfp8",
             config_class="Sm100_Mxfp8_Mxfp8_Bf16_Cutedsl_MegaMoeConfig", pack_format="bf16", align=(64, 64),
-            aliases=("mxfp8_cutedsl",), needs_nvshmem=True),
+            aliases=("mxfp8_cutedsl",), needs_nvshmem=True, expert_chunks=True),
     _moe_ep("sm90_fp8_fp8_bf16_pull_cutedsl",
             "SM90 pull-style CuTe-DSL megakernel, FP8 weights; --param fp8_scale_mode=per_tensor|blockwise",
             capabilities=("9.0",), weights="fp8_e4m3 (FlashInfer requantizes the exact BF16 dequant; ~2% rel. L2)",
             activations="fp8_e4m3", config_class="Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig", pack_format="bf16",
-            aliases=("sm90_pull_fp8",), needs_nvshmem=True, params={"fp8_scale_mode": ("per_tensor", "blockwise")}),
+            aliases=("sm90_pull_fp8",), needs_nvshmem=True, params={"fp8_scale_mode": ("per_tensor", "blockwise")},
+            expert_chunks=True, expert_chunks_unless={"fp8_scale_mode": "per_tensor"}),  # one scale for all experts
     _moe_ep("sm100_nvfp4_nvfp4_bf16_cutedsl",
             "SM100 CuTe-DSL megakernel, NVFP4 weights requantized by FlashInfer (preprocessing needs CUDA)",
             capabilities=SM100, weights="nvfp4 (FlashInfer requantizes the exact BF16 dequant)", activations="nvfp4",

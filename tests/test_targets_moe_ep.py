@@ -104,3 +104,46 @@ def test_manifest_structure_of_kernel_output(kernel_ckpt, tmp_path):
     assert fc1_w["tensor"] == "layers.1.ffn.experts.ep1.fc1.0" and fc1_w["dtype"] == "float4_e2m1fn_x2"
     assert fc1_w["shape"] == [4, 128, 256] and fc1_w["stride"] == [128 * 256, 1, 128]  # K-major view kept
 
+
+
+CHUNKED = [(t, p) for t, p in CPU_TARGETS if t not in ("sm120_mxfp4_mxfp8_bf16_cake",)
+           and p != ["fp8_scale_mode=per_tensor"]]
+
+
+@pytest.mark.parametrize("target, params", CHUNKED, ids=[f"{t}{'-' + p[0] if p else ''}" for t, p in CHUNKED])
+def test_expert_chunks_give_the_bytes_of_whole_blocks(kernel_ckpt, tmp_path, target, params):
+    """Where the kernel table says a layout splits by expert, units of one expert (--max-memory 2MiB) write the
+    same folder as units of whole ranks (each conversion in its own process: FlashInfer's SM90 and SM100 trees)."""
+    flags = [a for p in params for a in ("--param", p)]
+    outs = {}
+    for memory in ("2MiB", "8GiB"):
+        out = tmp_path / memory
+        r = subprocess.run([sys.executable, "-m", "fimoe_convert", str(kernel_ckpt), str(out), "--target", target,
+                            "--ep-size", "2", "--max-memory", memory, "--shard-size", "200KB", "-q", *flags],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs[memory] = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert outs["2MiB"] == outs["8GiB"]
+
+
+@pytest.mark.parametrize("target, params, chunks", [
+    ("sm100_mxfp8_mxfp4_bf16_cutedsl", {}, True),
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", {"fp8_scale_mode": "blockwise"}, True),
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", {}, False),  # per_tensor: one scale over all of a rank's experts
+    ("sm120_mxfp4_mxfp8_bf16_cake", {}, False),  # a part of each leg's scales does not grow with the experts
+])
+def test_which_layouts_split_by_expert(target, params, chunks):
+    from fimoe_convert.checkpoint import model_spec_from_config
+    from fimoe_convert.targets import TargetOptions, make_target
+
+    model = model_spec_from_config({"model_type": "deepseek_v4", "expert_dtype": "fp4", "hidden_size": 256,
+                                    "moe_intermediate_size": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                                    "num_hidden_layers": 1})
+    assert make_target(target, model, TargetOptions(params=params)).chunks() is chunks
+
+
+def test_a_unit_too_big_for_memory_is_refused_with_the_ep_size_that_fits(kernel_ckpt, tmp_path):
+    with pytest.raises(ValidationError, match=r"^--max-memory 300KB: one unit of work \(layers\.0\.ffn\.experts\.ep0\) "
+                                              r"needs about 1\.04 MB \(its output and its inputs\); raise --max-memory "
+                                              r"to at least 1\.04 MB, or use --ep-size 4 \(about 259\.58 kB a unit\)$"):
+        convert(str(kernel_ckpt), str(tmp_path / "out"), "sm120_mxfp4_mxfp8_bf16_cake", max_memory="300KB")

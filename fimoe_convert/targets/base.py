@@ -79,6 +79,11 @@ class Target(ABC):
         return target_record(self.kernel, self.opts)
 
 
+def prefix(block: str, rank: int) -> str:
+    """Where a kernel target's tensors of one MoE block and EP rank live: `layers.3.ffn.experts.ep1`."""
+    return f"{block}.ffn.experts.ep{rank}"
+
+
 def kernel_target_config(target: Target, config: dict) -> dict:
     """config.json of a kernel-layout output: the source's, plus where the runtime shim finds the manifest."""
     return {**config, "fimoe_convert": {"target": target.kernel.name, "ep_size": target.opts.ep_size,

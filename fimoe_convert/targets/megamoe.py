@@ -17,7 +17,7 @@ from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
-from .base import Target, check_scales, kernel_target_config, to_host
+from .base import Target, check_scales, kernel_target_config, prefix, to_host
 
 LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
 # Leaf order of the object mxfp4_mega_moe takes: (l1, l2, l1_global_scales, l2_global_scales). In the file each
@@ -83,10 +83,6 @@ def _window_json(reps: list[WindowReport]) -> dict:
         r.merge(rep)
     return {"mxfp4_window": {"groups": r.groups, "clamped_groups": r.clamped_groups,
                              "lossy_experts": r.lossy_experts, "worst_rel_l2": r.worst_rel_l2}}
-
-
-def prefix(block: str, rank: int) -> str:
-    return f"{block}.ffn.experts.ep{rank}"
 
 
 class MegaMoeTarget(Target):

@@ -15,13 +15,14 @@ import functools
 import torch
 
 from ..checkpoint import EXPERT_LEGS, ModelSpec
-from ..dtypes import st_dtype
+from ..dtypes import st_dtype, tensor_nbytes
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..numerics.structure import flatten
 from ..plan import OutTensor, Unit
-from .base import Target, check_scales, kernel_target_config, to_host
+from .base import Target, check_scales, kernel_target_config, prefix, to_host
 
 PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
+UNIT_BYTES = 64 << 20  # output bytes per unit (a chunk of one rank's experts) when the converter gives none
 LEG_NAMES = ("fc1", "fc2")
 PROBE_PREFIX = "PROBE"
 
@@ -101,16 +102,28 @@ class MoeEpTarget(Target):
         rename = lambda name: prefix + name.removeprefix(PROBE_PREFIX)  # noqa: E731
         return _renamed(structure, rename), {rename(k): (d, tuple(sh)) for k, (d, sh) in leaves.items()}
 
+    def chunks(self) -> bool:
+        """Whether units may be chunks of a rank's experts (the kernel table says; tests check it)."""
+        k = self.kernel
+        return k.expert_chunks and not any(self.opts.params.get(p, k.params[p][0]) == v
+                                           for p, v in k.expert_chunks_unless.items())
+
     def units(self) -> list[Unit]:
+        """One unit per MoE block and EP rank, or, where the layout allows it, per chunk of the rank's experts of
+        about `opts.unit_bytes` of output (its rows of every tensor of the rank)."""
         units = []
+        per_expert = sum(tensor_nbytes(d, s) for d, s in self.planned(1, "x")[1].values())
         for block in self.model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
-                pre = f"{block}.ffn.experts.ep{rank}"
-                _, shapes = self.planned(hi - lo, pre)
-                outs = tuple(OutTensor(k, d, s, pre, rank) for k, (d, s) in shapes.items())
-                ins = tuple(f"{block}.ffn.experts.{j}.{leg}.{kind}" for j in range(lo, hi)
-                            for leg in EXPERT_LEGS for kind in ("weight", "scale"))
-                units.append(Unit(pre, block, rank, (lo, hi), ins, outs))
+                pre = prefix(block, rank)
+                step = max(1, (self.opts.unit_bytes or UNIT_BYTES) // per_expert) if self.chunks() else hi - lo
+                for a in range(lo, hi, step):
+                    b = min(hi, a + step)
+                    key = pre if (a, b) == (lo, hi) else f"{pre}.{a}-{b}"
+                    outs = tuple(OutTensor(k, d, s, key, rank) for k, (d, s) in self.planned(b - a, pre)[1].items())
+                    ins = tuple(f"{block}.ffn.experts.{j}.{leg}.{kind}" for j in range(a, b)
+                                for leg in EXPERT_LEGS for kind in ("weight", "scale"))
+                    units.append(Unit(key, block, rank, (a, b), ins, outs))
         return units
 
     # Conversion -------------------------------------------------------------------------------------
@@ -124,8 +137,9 @@ class MoeEpTarget(Target):
 
         pack = self.build_pack(stack("w1", "weight"), stack("w3", "weight"), stack("w2", "weight"),
                                stack("w1", "scale"), stack("w3", "scale"), stack("w2", "scale"), self.model)
-        structure, tensors = flatten(self.preprocess(self.model, pack, hi - lo), unit.key, LEG_NAMES)
-        want, _ = self.planned(hi - lo, unit.key)
+        pre = prefix(unit.block, unit.rank)
+        structure, tensors = flatten(self.preprocess(self.model, pack, hi - lo), pre, LEG_NAMES)
+        want, _ = self.planned(hi - lo, pre)
         if structure != want:
             raise AssertionError(f"{unit.key}: FlashInfer's output structure differs from the planned one")
         out = {}
@@ -141,9 +155,10 @@ class MoeEpTarget(Target):
 
     def layers_record(self, units: list[Unit]) -> dict:
         rec: dict[str, dict] = {}
-        for u in units:
-            structure, _ = self.planned(u.experts[1] - u.experts[0], u.key)
-            rec.setdefault(u.block, {})[str(u.rank)] = {"experts": list(u.experts), "structure": structure}
+        for block in self.model.moe_blocks:
+            for rank, (lo, hi) in enumerate(self.ranks()):
+                structure, _ = self.planned(hi - lo, prefix(block, rank))
+                rec.setdefault(block, {})[str(rank)] = {"experts": [lo, hi], "structure": structure}
         return rec
 
     def update_config(self, config: dict) -> dict:
