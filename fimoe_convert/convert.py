@@ -50,6 +50,7 @@ class ConvertResult:
     free_disk: int | None = None
     plan: list[dict] = field(default_factory=list)
     report: dict = field(default_factory=dict)
+    device_peak_bytes: int | None = None  # on CUDA: the most device memory allocated at once
     estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
     notes: list[str] = field(default_factory=list)  # things the user should know (files not copied, ...)
     # Seconds: `start` until the first shard (imports excluded), then per stage, summed over --writers lanes:
@@ -158,6 +159,10 @@ def convert(
         result.report = manifest["report"]
     group.barrier()
     group.close()
+    if flags.target.device == "cuda":
+        import torch
+
+        result.device_peak_bytes = torch.cuda.max_memory_allocated()
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result

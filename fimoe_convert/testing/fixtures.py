@@ -227,7 +227,29 @@ _ST = {"bf16": "BF16", "f32": "F32", "fp8": "F8_E4M3", "e8m0": "F8_E8M0", "fp4":
        "f32scale": "F32"}
 
 
-def _make(spec: FixtureSpec, name: str, kind: str, shape: tuple, extra) -> torch.Tensor:
+POOL_BYTES = 64 * 2**20  # random bytes that `fast` fixtures take their FP4 codes from
+
+
+def _pooled(spec: FixtureSpec, name: str, shape: tuple) -> torch.Tensor:
+    """FP4 code bytes for `fast` fixtures: a window of one seeded random pool at an offset from the tensor's name
+    (torch's generator makes about 100 MB/s here; a multi-GB benchmark fixture would take minutes)."""
+    pool = _POOLS.get(spec.seed)
+    if pool is None:
+        pool = _POOLS[spec.seed] = torch.randint(0, 256, (2 * POOL_BYTES,), generator=_gen(spec, "pool"),
+                                                 dtype=torch.uint8)
+    n = math.prod(shape)
+    if n > POOL_BYTES:
+        return torch.randint(0, 256, shape, generator=_gen(spec, name), dtype=torch.uint8).view(torch.int8)
+    at = zlib.crc32(name.encode()) % POOL_BYTES
+    return pool[at:at + n].view(shape).view(torch.int8)
+
+
+_POOLS: dict[int, torch.Tensor] = {}
+
+
+def _make(spec: FixtureSpec, name: str, kind: str, shape: tuple, extra, fast: bool = False) -> torch.Tensor:
+    if fast and kind == "fp4":
+        return _pooled(spec, name, shape)
     g = _gen(spec, name)
     if kind == "bf16":
         return _bf16(g, shape)
@@ -273,10 +295,12 @@ def _config(spec: FixtureSpec) -> dict:
     return cfg
 
 
-def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool = False, **overrides) -> Path:
+def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool = False, fast: bool = False,
+                    **overrides) -> Path:
     """Write a real-format DeepSeek V4 checkpoint into `out_dir`; returns the folder. `sparse`: every shard is its
     real header followed by a hole of the data's size (zeros, no disk used), for planning and dry runs at the
-    published geometries (presets "v4-flash", "v4-pro") without hundreds of GB."""
+    published geometries (presets "v4-flash", "v4-pro") without hundreds of GB. `fast`: FP4 codes from a seeded
+    random pool (benchmark fixtures of many GB, written at disk speed)."""
     spec = dataclasses.replace(PRESETS[preset], **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -315,7 +339,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
             continue
         with ShardWriter(out / fname, planned) as w:
             for p in planned:
-                w.write_tensor(p.name, _make(spec, p.name, *tensors[p.name]))
+                w.write_tensor(p.name, _make(spec, p.name, *tensors[p.name], fast=fast))
             w.finish()
         weight_map.update({n: fname for n in group})
         total += sum(p.nbytes for p in planned)

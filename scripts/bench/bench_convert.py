@@ -4,8 +4,11 @@ The floor: read every source file once, then write the same number of output byt
 and fsync them. Prints `ratio convert/floor: X.XXx` (goal <= 1.25) and peak RSS of the conversion.
 
 usage: python3 scripts/bench/bench_convert.py [--target bf16] [--device cpu|cuda] [--work DIR] [--layers N]
-       [--max-memory 8GiB] [--shard-size 5GB]
-"""
+       [--experts E] [--preset flash-geometry|pro-geometry] [--max-memory 8GiB] [--shard-size 5GB] [--json FILE]
+
+--experts 256 --preset flash-geometry is V4-Flash's exact expert geometry (256 experts of 4096x2048 per layer);
+--preset pro-geometry --experts 384 --layers 1 --mtp 0 one V4-Pro layer (384 experts of 7168x3072). The time is
+also extrapolated to the whole published model: convert() seconds x (its bytes / the fixture's bytes)."""
 
 from __future__ import annotations
 
@@ -80,12 +83,24 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--max-memory", default="8GiB")
     ap.add_argument("--shard-size", default="5GB", help="as the CLI's; more shards let more writers run at once")
+    ap.add_argument("--preset", default="flash-geometry", choices=["flash-geometry", "pro-geometry"])
+    ap.add_argument("--experts", type=int, default=None, help="routed experts per layer (default: the preset's)")
+    ap.add_argument("--mtp", type=int, default=1, help="MTP blocks")
+    ap.add_argument("--json", default=None, help="append the results as one JSON line to this file")
+    ap.add_argument("--floors", default="both", choices=["both", "direct"],
+                    help="direct: only the floor with O_DIRECT writes (what the issue's goal measures against)")
     args = ap.parse_args()
+    from fimoe_convert.checkpoint import VARIANTS
     from fimoe_convert.testing import make_checkpoint
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
-    src = make_checkpoint(work / "src", "flash-geometry", layers=args.layers)
+    over = {"layers": args.layers, "mtp": args.mtp, "hash_layers": min(1, args.layers)}
+    if args.experts:
+        over.update(experts=args.experts, top_k=min(6, args.experts))
+    t0 = time.perf_counter()
+    src = make_checkpoint(work / "src", args.preset, fast=True, **over)
+    print(f"fixture made in {time.perf_counter() - t0:.1f} s")
     out = work / "out"
     # Warm the page cache equally for both measurements: each reads the source once before timing.
     floor_seconds(src, 0, work / "warm")
@@ -93,9 +108,11 @@ def main() -> None:
     out_bytes = sum(p.stat().st_size for p in out.iterdir())
     in_bytes = sum(p.stat().st_size for p in src.iterdir())
     shutil.rmtree(out)
-    floor, read_s, write_s = floor_seconds(src, out_bytes, work / "floor")
     dfloor, dread_s, dwrite_s = floor_seconds(src, out_bytes, work / "floor", direct=True)
-    print(f"fixture: flash-geometry, {args.layers} layers + 1 MTP; read {in_bytes / 1e9:.2f} GB, "
+    floor, read_s, write_s = (floor_seconds(src, out_bytes, work / "floor") if args.floors == "both"
+                              else (dfloor, dread_s, dwrite_s))
+    experts = args.experts or "the preset's"
+    print(f"fixture: {args.preset}, {experts} experts, {args.layers} layers + {args.mtp} MTP; read {in_bytes / 1e9:.2f} GB, "
           f"write {out_bytes / 1e9:.2f} GB in {res['shards']} shards; target {args.target} on {args.device}")
     print(f"floor: {floor:.2f} s (read {read_s:.2f} s, write+fsync {write_s:.2f} s)")
     print(f"floor with O_DIRECT writes: {dfloor:.2f} s (read {dread_s:.2f} s, write+fsync {dwrite_s:.2f} s)")
@@ -107,6 +124,20 @@ def main() -> None:
     print(f"ratio convert/floor: {wall / floor:.2f}x (goal <= 1.25x)")
     print(f"ratio convert/floor with O_DIRECT writes: {wall / dfloor:.2f}x")
     print(f"ratio convert() alone/floor: {res['seconds'] / floor:.2f}x (start-up excluded)")
+    print(f"throughput: {out_bytes / wall / 1e9:.2f} GB/s written, {in_bytes / wall / 1e9:.2f} GB/s read; "
+          f"peak device memory {(res.get('device_peak_bytes') or 0) / 2**30:.2f} GiB")
+    variant = VARIANTS["V4-Pro" if args.preset == "pro-geometry" else "V4-Flash"]
+    whole = res["seconds"] * variant.source_bytes / in_bytes
+    print(f"extrapolated to {variant.name} ({variant.source_bytes / 1e9:.0f} GB of source): about {whole / 60:.1f} min "
+          f"(convert() seconds x its bytes / the fixture's)")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"target": args.target, "device": args.device, "preset": args.preset,
+                                "experts": args.experts, "layers": args.layers, "mtp": args.mtp, "in_bytes": in_bytes,
+                                "out_bytes": out_bytes, "wall_s": wall, "convert_s": res["seconds"], "floor_s": floor,
+                                "floor_direct_s": dfloor, "startup_s": start, "peak_rss": rss,
+                                "device_peak_bytes": res.get("device_peak_bytes"), "timings": res.get("timings"),
+                                "ratio": wall / floor, "whole_model_s": whole, "variant": variant.name}) + "\n")
     shutil.rmtree(work, ignore_errors=True)
 
 
