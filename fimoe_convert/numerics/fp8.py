@@ -45,7 +45,6 @@ EXACT_MIN_OFFSET = -8  # E2M1 value * 2**k is exact in E4M3 for k in [-8, 6]: on
 # From k = -13 down every E2M1 value * 2**k rounds to a signed zero (6 * 2**-13 < 2**-10, half E4M3's smallest
 # subnormal), so offsets below it share its table row.
 TABLE_MIN_OFFSET = -13
-_TABLE_ROWS = MAX_OFFSET_BITS - TABLE_MIN_OFFSET + 1  # offsets -13..6
 _TABLE_CHUNK_BYTES = 1 << 19  # code bytes per CPU work item (whole tile rows): 2 MiB of int32 index, as fp4.py
 _DEVICE_CHUNK_BYTES = 1 << 26  # code bytes per step on other devices (256 MiB of int32 index)
 _PARALLEL_MIN_BYTES = 1 << 20  # below this many code bytes a second thread costs more than it saves
@@ -171,7 +170,7 @@ def fp4_to_fp8_block_float(packed: torch.Tensor, scales: torch.Tensor, block: tu
 
 
 def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """int16 pairs and bool lossy flags, [_TABLE_ROWS * 256] each, indexed by (k - TABLE_MIN_OFFSET) << 8 | code
+    """int16 pairs and bool lossy flags, [20 * 256] each (offsets -13..6), indexed by (k - TABLE_MIN_OFFSET) << 8 | code
     byte: the two E4M3 bytes of the code byte's values times 2**k (element 2i first in memory), made by the
     float path's own product and cast; and 1 where either value * 2**k is not exact in E4M3."""
     tabs = _TABLES.get(device)
