@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..numerics import FP4_GROUP
 from ..numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
-from .base import OutputPool, Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
+from .base import Target, TargetInfo, TargetOptions, check_scales, rank_ranges, to_host
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
 MAX_EXAMPLES = 5  # lossy tiles named in the report
@@ -77,7 +77,6 @@ class Fp8BlockTarget(Target):
         # unit -> tensor -> report: a unit split between shards runs in each lane that writes part of it
         self._units: dict[str, dict[str, Fp8BlockReport]] = {}
         self._lock = threading.Lock()
-        self._pool = OutputPool()  # CPU weights reused once written: fresh memory costs a page fault per 4 KiB
 
     def check(self, model: ModelSpec, opts: TargetOptions) -> list[str]:
         p = []
@@ -119,15 +118,11 @@ class Fp8BlockTarget(Target):
             w, s = inputs[wname], inputs[sname]
             if device == "cuda":
                 w, s = w.to(device, non_blocking=True), s.to(device, non_blocking=True)
-            pooled = self._pool.take((w.shape[0], 2 * w.shape[1]), torch.float8_e4m3fn) if device == "cpu" else None
-            r = fp4_to_fp8_block(w, s, block, out=pooled)
+            r = fp4_to_fp8_block(w, s, block)
             self._account(unit.key, wname, r, s, block, allow_lossy)
             scale = r.tile_scales_f32() if sdt == "F32" else r.tile_scales_e8m0()
             out[wname], out[sname] = to_host(r.weight), to_host(scale)
         return out
-
-    def recycle(self, tensor: torch.Tensor) -> None:
-        self._pool.give(tensor)
 
     def _account(self, key: str, name: str, r, scales: torch.Tensor, block: tuple[int, int], allow_lossy: bool
                  ) -> None:
