@@ -485,20 +485,6 @@ def test_table_equals_old_over_threads_and_chunks(monkeypatch, threads, chunk_by
     assert r.lossy_tiles == 1
 
 
-def test_out_is_filled_and_checked():
-    g = torch.Generator().manual_seed(4)
-    packed = torch.randint(0, 256, (256, 64), generator=g, dtype=torch.uint8)
-    scales = torch.randint(120, 130, (256, 4), generator=g, dtype=torch.uint8)
-    out = torch.full((256, 128), 1.0, dtype=torch.float8_e4m3fn)
-    r = fp4_to_fp8_block(packed, scales, out=out)
-    assert r.weight is out
-    assert_same_as_old(packed, scales, (128, 128), result=r)
-    for bad in (torch.empty(256, 128, dtype=torch.bfloat16), torch.empty(256, 64, dtype=torch.float8_e4m3fn),
-                torch.empty(128, 256, dtype=torch.float8_e4m3fn).t()):
-        with pytest.raises(ValueError, match="out must be a contiguous float8_e4m3fn tensor"):
-            fp4_to_fp8_block(packed, scales, out=bad)
-
-
 def test_bad_inputs_are_refused():
     packed = torch.zeros(4, 16, dtype=torch.uint8)
     with pytest.raises(ValueError, match="scale byte 255"):

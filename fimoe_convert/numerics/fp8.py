@@ -254,12 +254,10 @@ def _convert(codes: torch.Tensor, sb: torch.Tensor, rows: int, gpt: int, weight1
         f.result()
 
 
-def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] = (128, 128), *,
-                     out: torch.Tensor | None = None) -> Fp8BlockResult:
+def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] = (128, 128)) -> Fp8BlockResult:
     """[out, in/2] FP4 codes + [out, in/32] E8M0 scales -> FP8 E4M3 [out, in] + E8M0 scale per `block` tile,
     with a per-tile exactness check. Scale bytes must be 0..254 (255, NaN, is refused). Bit-identical to
-    `fp4_to_fp8_block_float`. `out`, if given, is a contiguous float8_e4m3fn [out, in] tensor on the codes'
-    device; it becomes the result's weight."""
+    `fp4_to_fp8_block_float`."""
     rows, cols = _check_block(block)
     sb = _check_args(packed, scales)
     out_dim, k_half = packed.shape
@@ -267,13 +265,7 @@ def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[in
     gpt = cols // FP4_GROUP
     tr, tc = -(-out_dim // rows), -(-k // cols)
     dev = packed.device
-    if out is None:
-        weight = torch.empty(out_dim, k, dtype=torch.float8_e4m3fn, device=dev)
-    elif (out.dtype, tuple(out.shape), out.device) != (torch.float8_e4m3fn, (out_dim, k), dev) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float8_e4m3fn tensor {(out_dim, k)} on {dev}, got "
-                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
-    else:
-        weight = out
+    weight = torch.empty(out_dim, k, dtype=torch.float8_e4m3fn, device=dev)
     tile_bytes = torch.empty(tr, tc, dtype=torch.uint8, device=dev)
     lossy = torch.zeros(tr, tc, dtype=torch.bool, device=dev)
     max_abs = torch.zeros(tr, tc, dtype=torch.float32, device=dev)
