@@ -317,3 +317,185 @@ def test_ragged_shapes_and_tiny_scales():
     assert tuple(r.weight.shape) == (200, 96) and tuple(r.tile_bytes.shape) == (2, 2)
     assert r.lossy_tiles == 0 and bool((r.tile_bytes == 1).all())
     assert same_bits(ref_fp8_f32(r.weight, r.tile_bytes.view(torch.float8_e8m0fnu), (128, 64)), ref_fp4_f32(packed, scales))
+
+
+# The table path against the former float implementation ------------------------------------------
+# `old_fp4_to_fp8_block` is the implementation of numerics/fp8.py before the table path (commit de11183),
+# copied here with its helpers so that the reference does not move with the package.
+
+OLD_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+OLD_CHUNK_ELEMS = 1 << 20
+
+
+def old_pow2_f32(e: torch.Tensor) -> torch.Tensor:
+    e64 = e.to(torch.int64).clamp(-1074, 1023)
+    return ((e64 + 1023) << 52).view(torch.float64).to(torch.float32)
+
+
+def old_fp4_values_f32(packed: torch.Tensor) -> torch.Tensor:
+    lut = torch.tensor(OLD_E2M1, dtype=torch.float32, device=packed.device)
+    b = packed.view(torch.uint8).to(torch.int64)
+    return torch.stack([lut[b & 0xF], lut[b >> 4]], dim=-1).flatten(-2)
+
+
+def old_tile_map(t, rows, gpt, n, groups):
+    return t.repeat_interleave(rows, 0)[:n].repeat_interleave(gpt, 1)[:, :groups]
+
+
+def old_per_tile(x, rows, cols, reduce):
+    n, k = x.shape
+    tr, tc = -(-n // rows), -(-k // cols)
+    if (tr * rows, tc * cols) != (n, k):
+        x = torch.nn.functional.pad(x, (0, tc * cols - k, 0, tr * rows - n))
+    x = x.view(tr, rows, tc, cols)
+    return x.any(dim=3).any(dim=1) if reduce == "any" else x.amax(dim=3).amax(dim=1)
+
+
+def old_fp4_to_fp8_block(packed, scales, block=(128, 128)):
+    """(weight, tile_bytes, lossy, max_abs, max_rel) exactly as the former `fp4_to_fp8_block` computed them."""
+    rows, cols = block
+    sb = scales.view(torch.uint8)
+    out_dim, k_half = packed.shape
+    k = 2 * k_half
+    groups, gpt = k // 32, cols // 32
+    tr, tc = -(-out_dim // rows), -(-k // cols)
+    weight = torch.empty(out_dim, k, dtype=torch.float8_e4m3fn)
+    tile_bytes = torch.empty(tr, tc, dtype=torch.uint8)
+    lossy = torch.zeros(tr, tc, dtype=torch.bool)
+    max_abs = torch.zeros(tr, tc, dtype=torch.float32)
+    max_rel = torch.zeros(tr, tc, dtype=torch.float32)
+    step = rows * max(1, OLD_CHUNK_ELEMS // max(1, rows * k))
+    for r0 in range(0, out_dim, step):
+        r1 = min(out_dim, r0 + step)
+        n, t0, t1 = r1 - r0, r0 // rows, -(-r1 // rows)
+        s = sb[r0:r1].to(torch.int32)
+        t = (old_per_tile(s, rows, gpt, "amax") - 6).clamp_min_(1)
+        tile_bytes[t0:t1] = t.to(torch.uint8)
+        t_g = old_tile_map(t, rows, gpt, n, groups)
+        vals = old_fp4_values_f32(packed[r0:r1]).view(n, groups, 32)
+        y = (vals * old_pow2_f32(s - t_g).unsqueeze(-1)).to(torch.float8_e4m3fn)
+        weight[r0:r1] = y.view(n, k)
+        deq8 = y.float() * old_pow2_f32(t_g - 127).unsqueeze(-1)
+        deq4 = vals * old_pow2_f32(s - 127).unsqueeze(-1)
+        diff = (deq8 != deq4).view(n, k)
+        if bool(diff.any()):
+            lossy[t0:t1] = old_per_tile(diff, rows, cols, "any")
+            err = torch.where(diff, (deq8 - deq4).abs().view(n, k), 0.0).nan_to_num_(posinf=float("inf"))
+            rel = torch.where(diff, err / deq4.abs().view(n, k), 0.0)
+            max_abs[t0:t1] = old_per_tile(err, rows, cols, "amax")
+            max_rel[t0:t1] = old_per_tile(rel, rows, cols, "amax")
+    return weight, tile_bytes, lossy, max_abs, max_rel
+
+
+def assert_same_as_old(packed, scales, block, result=None):
+    r = fp4_to_fp8_block(packed, scales, block) if result is None else result
+    want = old_fp4_to_fp8_block(packed, scales, block)
+    for field, got, exp in zip(("weight", "tile_bytes", "lossy", "max_abs", "max_rel"),
+                               (r.weight, r.tile_bytes, r.lossy, r.max_abs, r.max_rel), want):
+        assert same_bits(got, exp), field  # bits: signed zeros of the weight, and the float error measures
+    return r
+
+
+def every_offset_and_code(t_values):
+    """Tiles of 16 rows x 64 values (block (16, 64)): group 0 of each row at the tile's largest scale byte
+    t + 6 (t clamped to 1 when that is below 7), group 1 at t + k; the 16 rows of group 1 hold all 256 code
+    bytes. One tile per (t, k) pair with both scale bytes in 0..254."""
+    codes = torch.arange(256, dtype=torch.uint8).view(16, 16)
+    pairs = [(t, k) for t in t_values for k in range(-254, 7) if 0 <= t + k <= 254 and t + 6 <= 254]
+    packed, scales = [], []
+    for t, k in pairs:
+        packed.append(torch.cat([codes.flip(0), codes], dim=1))  # [16 rows, 32 bytes] = 64 values
+        hi = t + 6 if t > 1 else max(t + k, 0)  # t == 1: the largest byte may be anything from 0 to 7
+        scales.append(torch.tensor([[hi, t + k]] * 16, dtype=torch.uint8))
+    return torch.cat(packed), torch.cat(scales), pairs
+
+
+@pytest.mark.parametrize("t_values", [[1], [2, 7], [121, 130], [200, 248]])
+def test_table_equals_old_for_every_code_byte_and_offset(t_values):
+    """Every code byte at every offset k = s - t that a tile can give (-248..6), at several tile bytes t:
+    weight bytes, tile bytes, lossy tiles and their errors bit for bit as the float implementation."""
+    packed, scales, pairs = every_offset_and_code(t_values)
+    r = assert_same_as_old(packed, scales, (16, 64))
+    lossy = {k for (t, k), flag in zip(pairs, r.lossy.flatten().tolist()) if flag}
+    assert lossy == {k for t, k in pairs if k < -8}  # every offset below -8 loses some code byte, none above
+
+
+E4M3_VALUES = {v for v in torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist() if v == v}
+
+
+@pytest.mark.parametrize("t", [9, 13, 127, 248])
+def test_table_exactness_per_code_at_low_offsets(t):
+    """k from -14 to -7, one code byte per tile: a tile is lossy exactly when a value of its code byte times
+    2**k is not one of the 254 finite E4M3 values (bytes 0x00, 0x08, 0x80, 0x88 hold zeros: never lossy)."""
+    pairs = [(k, b) for k in range(-14, -6) for b in range(256) if t + k >= 0]
+    packed = torch.tensor([[0x77] * 16 + [b] * 16 for _, b in pairs], dtype=torch.uint8)  # group 1: all b
+    scales = torch.tensor([[t + 6, t + k] for k, _ in pairs], dtype=torch.uint8)  # tile byte t
+    r = assert_same_as_old(packed, scales, (1, 64))
+    assert r.tile_bytes.unique().tolist() == [t]
+    for (k, b), flag in zip(pairs, r.lossy[:, 0].tolist()):
+        exact = all(abs(OLD_E2M1[c]) * 2.0 ** k in E4M3_VALUES for c in (b & 15, b >> 4))
+        assert flag == (not exact), (k, b)
+
+
+@pytest.mark.parametrize("shape, block, lo, hi", [
+    ((256, 128), (128, 128), 110, 125),   # typical: span <= 14, every tile exact
+    ((384, 256), (128, 128), 100, 140),   # span up to 39: lossy tiles among exact ones
+    ((128, 64), (128, 128), 0, 255),      # any byte
+    ((200, 48), (128, 64), 0, 6),         # rows and columns not multiples of the tile; tile bytes clamped to 1
+    ((130, 80), (128, 128), 118, 140),    # two partial tiles each way
+    ((1, 16), (128, 128), 120, 130),      # one row, one group
+    ((96, 64), (32, 32), 110, 125),       # V4.1 tiles
+    ((100, 48), (32, 32), 100, 150),      # V4.1, ragged, lossy
+    ((64, 32), (32, 64), 0, 255),         # V4.1-like rows with wider tiles
+])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_table_equals_old_on_random_tiles(shape, block, lo, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    scales = torch.randint(lo, hi, (shape[0], shape[1] // 16), generator=g, dtype=torch.uint8)
+    r = assert_same_as_old(packed, scales, block)
+    if hi - lo <= EXACT_SPAN + 1:
+        assert r.lossy_tiles == 0
+
+
+def test_table_equals_old_on_lossy_tiles_with_signed_codes():
+    """Lossy tiles whose lost values are negative, zero codes of both signs, and int8 codes as read from
+    the checkpoint: same lossy mask, same worst absolute and relative errors."""
+    g = torch.Generator().manual_seed(7)
+    packed = torch.randint(-128, 128, (256, 256), generator=g, dtype=torch.int8)
+    scales = torch.full((256, 16), 130, dtype=torch.uint8)
+    scales[::3, 1::4] = 130 - 6 - 9  # k = -9 in every fourth group of every third row
+    scales[5, 7] = 0  # k far below: every nonzero value of that group flushes to a signed zero
+    r = assert_same_as_old(packed, scales.view(torch.float8_e8m0fnu), (128, 128))
+    assert 0 < r.lossy_tiles <= r.lossy.numel()
+    assert float(r.max_rel.max()) == 1.0  # a flushed value
+
+
+@pytest.mark.parametrize("threads, chunk_bytes", [(1, 1 << 19), (2, 1 << 19), (2, 4096), (3, 1 << 12)])
+def test_table_equals_old_over_threads_and_chunks(monkeypatch, threads, chunk_bytes):
+    """Above the parallel threshold the rows are spread over threads in chunks of whole tile rows; results do
+    not depend on how many threads or how the rows are cut (one lossy tile row included)."""
+    from fimoe_convert.numerics import fp8
+
+    monkeypatch.setattr(fp8, "_TABLE_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(3)
+    packed = torch.randint(0, 256, (1000, 1056), generator=g, dtype=torch.uint8)  # > _PARALLEL_MIN_BYTES
+    scales = torch.randint(118, 131, (1000, 66), generator=g, dtype=torch.uint8)
+    scales[300:310, 40] = 90  # lossy groups in tile row 2
+    r = assert_same_as_old(packed, scales, (128, 128))
+    assert r.lossy[:, 40 * 32 // 128].tolist() == [False, False, True, False, False, False, False, False]
+    assert tuple(r.lossy.shape) == (8, 17)
+    assert r.lossy_tiles == 1
+
+
+def test_bad_inputs_are_refused():
+    packed = torch.zeros(4, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="scale byte 255"):
+        fp4_to_fp8_block(packed, torch.full((4, 1), 255, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="do not match"):
+        fp4_to_fp8_block(packed, torch.zeros(4, 2, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="2-D int8/uint8"):
+        fp4_to_fp8_block(packed.float(), torch.zeros(4, 1, dtype=torch.uint8))
+    r = fp4_to_fp8_block(torch.zeros(0, 16, dtype=torch.uint8), torch.zeros(0, 1, dtype=torch.uint8))
+    assert tuple(r.weight.shape) == (0, 32) and tuple(r.tile_bytes.shape) == (0, 1) and r.lossy_tiles == 0
