@@ -7,7 +7,7 @@ host hits all of them alike, and each command's median wall time and median peak
 with the same output (FP8 128x128 or BF16), and ours against ours. The source is read once before the rounds
 (page cache warm for all); each output folder is deleted between runs, outside the timing.
 
-usage: python3 scripts/bench_peers.py [--src DIR | --layers 2 --experts 16] [--rounds 3] [--work DIR]
+usage: python3 scripts/bench/bench_peers.py [--src DIR | --layers 2 --experts 16] [--rounds 3] [--work DIR]
            [--peers-dir DIR] [--peer NAME=TEMPLATE ...] [--bf16-peer NAME=TEMPLATE ...] [--baseline-tree DIR]
 
 A TEMPLATE is a command line with {src}, {out} and {python} placeholders, split with shlex (no shell).
@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 READ_BLOCK = 64 * 2**20  # bytes per read call when warming the page cache
 
 
