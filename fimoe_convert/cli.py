@@ -20,7 +20,6 @@ import click
 from . import __version__
 from .console import Progress, is_rank0, plural, report_line, setup_logging
 from .errors import FimoeError, UsageError
-from .files.output import path_kind
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
 from .sizes import human
@@ -59,6 +58,8 @@ class Cli(click.Group):
     def parse_args(self, ctx, args):
         first = args[0] if args else None
         if first and first not in self.commands and not first.startswith("-"):
+            from .files.output import path_kind
+
             close = difflib.get_close_matches(first, list(self.commands), n=1, cutoff=0.75)
             if close and "/" not in first and path_kind(first) == "missing":
                 raise click.UsageError(f"no such command {first!r}; did you mean {close[0]!r}? (or, to convert, SRC "

@@ -5,7 +5,6 @@ redraws); only rank 0 of a torchrun launch shows anything."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -21,20 +20,27 @@ def is_rank0() -> bool:
 
 def setup_logging(verbose: int, quiet: bool) -> None:
     """-v: the steps of the work (INFO); -vv: details (DEBUG); -q: warnings only; default: warnings."""
+    import logging  # here: 20 ms of start-up that `--help` and `targets` need not pay
+
     level = logging.WARNING if quiet or verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     log = logging.getLogger("fimoe_convert")
     log.setLevel(level)
-    if not any(isinstance(h, _Stderr) for h in log.handlers):
-        handler = _Stderr()
+    if not any(getattr(h, "fimoe", False) for h in log.handlers):
+        handler = _stderr_handler()
+        handler.fimoe = True
         handler.setFormatter(logging.Formatter("fimoe-convert: %(message)s"))
         log.addHandler(handler)
 
 
-class _Stderr(logging.Handler):
-    """Writes to whatever sys.stderr is now (a test runner or a caller may have replaced it since)."""
+def _stderr_handler():
+    """A logging handler that writes to whatever sys.stderr is now (a test runner may have replaced it since)."""
+    import logging
 
-    def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr, flush=True)
+    class Stderr(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            print(self.format(record), file=sys.stderr, flush=True)
+
+    return Stderr()
 
 
 class Progress:

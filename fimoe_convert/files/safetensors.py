@@ -16,11 +16,8 @@ import os
 import queue
 import struct
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from ..dtypes import DTYPES, tensor_nbytes, torch_dtype
 from ..errors import InputError
@@ -215,6 +212,8 @@ def read_tensors(path: Path, names: list[str], device="cpu") -> dict:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
     try:
         if len(jobs) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(min(READ_THREADS, len(jobs)), thread_name_prefix="fimoe-load") as pool:
                 list(pool.map(read, jobs))
         else:
@@ -301,6 +300,8 @@ class _Block:
     """One page-aligned staging buffer of IO_BLOCK bytes (anonymous mmap: O_DIRECT needs the alignment)."""
 
     def __init__(self):
+        import numpy as np  # here: numpy costs a third of a second of the CLI's start-up, and only writes need it
+
         self.mem = mmap.mmap(-1, IO_BLOCK)
         self.arr = np.frombuffer(self.mem, dtype=np.uint8)
         self.n = 0  # bytes of data in it
@@ -334,7 +335,7 @@ class _StagedFile:
         for t in self._threads:
             t.start()
 
-    def write(self, src: np.ndarray) -> None:
+    def write(self, src) -> None:
         """Append the bytes of the uint8 array `src`."""
         self._raise_if_failed()
         off, n = 0, len(src)
@@ -443,9 +444,10 @@ class _StagedFile:
             self._release(blk)
 
 
-def _as_bytes(data) -> np.ndarray:
-    """The bytes of a CPU tensor (row-major) or a bytes-like object as a flat uint8 array, without a copy
+def _as_bytes(data):
+    """The bytes of a CPU tensor (row-major) or a bytes-like object as a flat uint8 numpy array, without a copy
     where the data is already contiguous."""
+    import numpy as np
     import torch
 
     if isinstance(data, torch.Tensor):

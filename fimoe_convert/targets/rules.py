@@ -3,6 +3,7 @@ so `inspect` and `targets` can judge every target quickly). Each problem names i
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -65,7 +66,7 @@ def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]
         if cap not in kernel.preprocess_capabilities:
             problems.append(f"--target {kernel.name}: its preprocessing runs only on a GPU of compute capability "
                             f"{' or '.join(kernel.preprocess_capabilities)}, this one is {cap}; convert on such a GPU")
-    missing = [m for m in kernel.needs_packages if importlib.util.find_spec(m) is None]
+    missing = [m for m in kernel.needs_packages if not present(m)]
     for mod in missing:
         problems.append(f"--target {kernel.name}: needs the Python package {mod!r}, which is not installed here; "
                         f"{INSTALL.get(mod, f'pip install {mod}')}")
@@ -108,11 +109,17 @@ def check_params(kernel: Kernel, params: dict) -> list[str]:
 def availability(kernel: Kernel) -> tuple[bool, str]:
     """Can this machine run the conversion now, and if not, why."""
     for mod in kernel.needs_packages:
-        if importlib.util.find_spec(mod) is None:
+        if not present(mod):
             return False, f"needs the {mod!r} package (not installed)"
     if kernel.preprocess_needs_cuda and not cuda_visible():
         return False, "preprocessing needs a CUDA device (none here)"
     return True, "yes"
+
+
+@functools.cache
+def present(module: str) -> bool:
+    """Whether `module` can be imported (not imported; one look-up per process)."""
+    return importlib.util.find_spec(module) is not None
 
 
 def device_capability() -> str:

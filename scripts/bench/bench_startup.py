@@ -25,7 +25,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     src = make_checkpoint(Path(tempfile.mkdtemp()) / "tiny", "tiny")
-    cli = [sys.executable, "-m", "fimoe_convert"]
+    # What users run: the entry point beside this interpreter (not a version manager's shim, which adds its own
+    # start-up); `python -m` would add runpy's.
+    entry = Path(sys.executable).parent / "fimoe-convert"
+    cli = [str(entry)] if entry.exists() else [sys.executable, "-m", "fimoe_convert"]
     commands = {"import click (floor)": [sys.executable, "-c", "import click"], "--help": [*cli, "--help"],
                 "targets": [*cli, "targets"], "inspect": [*cli, "inspect", str(src)]}
     times: dict[str, list[float]] = {k: [] for k in commands}

@@ -1,0 +1,76 @@
+"""A fake Hugging Face Hub that serves one repo's files for download, on 127.0.0.1: HEAD and GET (with Range) of
+`/{org}/{name}/resolve/{revision}/{path}`, answering the headers huggingface_hub reads (X-Repo-Commit, ETag,
+Content-Length, Content-Range). It counts the bytes it sends, so a test can tell that no weights were downloaded."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+
+class HubFiles:
+    def __init__(self, repo_id: str, folder: Path, commit: str):
+        self.repo_id, self.folder, self.commit = repo_id, Path(folder), commit
+        self.sent = 0  # body bytes sent, over all requests
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.lock = threading.Lock()
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                hub._serve(self, body=False)
+
+            def do_GET(self):
+                hub._serve(self, body=True)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="hub-files", daemon=True)
+
+    def __enter__(self) -> "HubFiles":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _serve(self, h: BaseHTTPRequestHandler, body: bool) -> None:
+        path = unquote(urlsplit(h.path).path)
+        with self.lock:
+            self.requests.append((h.command, path, h.headers.get("Range")))
+        m = re.fullmatch(rf"/{re.escape(self.repo_id)}/resolve/([^/]+)/(.+)", path)
+        file = self.folder / m.group(2) if m else None
+        if file is None or not file.is_file() or m.group(1) not in ("main", self.commit):
+            h.send_response(404)
+            h.send_header("X-Error-Code", "EntryNotFound")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        data = file.read_bytes()
+        etag = hashlib.sha256(data).hexdigest()
+        start, end, status = 0, len(data) - 1, 200
+        rng = h.headers.get("Range")
+        if rng:
+            a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", rng).groups()
+            start, end, status = int(a), min(int(b) if b else len(data) - 1, len(data) - 1), 206
+        part = data[start:end + 1]
+        h.send_response(status)
+        h.send_header("X-Repo-Commit", self.commit)
+        h.send_header("ETag", f'"{etag}"')
+        h.send_header("Content-Length", str(len(part) if status == 206 else len(data)))
+        if status == 206:
+            h.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        h.end_headers()
+        if body:
+            h.wfile.write(part)
+            with self.lock:
+                self.sent += len(part)
