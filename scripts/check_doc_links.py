@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Check every relative link and image in README.md and docs/*.md: the file exists in the repo (tracked or about
+"""python3 scripts/check_doc_links.py [REPO]: check every relative link and image in README.md and docs/*.md: the file exists in the repo (tracked or about
 to be), and a #fragment names a heading of the target file. Links outside the repository are reported too."""
-import re, sys, subprocess
+import re, sys
 from pathlib import Path
 
 repo = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
