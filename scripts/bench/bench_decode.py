@@ -4,6 +4,7 @@
     python3 scripts/bench/bench_decode.py --device cpu            # 1 and 8 matrices
     python3 scripts/bench/bench_decode.py --device cuda           # 1 and 256 matrices, plus % of copy bandwidth
     python3 scripts/bench/bench_decode.py --device cuda --sweep   # also sweep the Triton kernel's knobs
+    ... --json FILE                                               # also write the results as JSON
 
 Checks `fimoe_convert.numerics.dequant_fp4_to_bf16` bit for bit against the seed formula (vLLM's
 `_dequant_fp4_ue8m0_gran32`, copied below) before timing; the seed is timed the way vLLM
@@ -18,6 +19,7 @@ runs it, one expert matrix at a time. The sweep times the kernel over block_grou
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -94,7 +96,7 @@ def check_exact(packed: torch.Tensor, scales: torch.Tensor) -> None:
             sys.exit(f"FAIL: matrix {i}: {bad} values differ from the seed formula")
 
 
-def bench(n: int, device: str, repeat: int, sweep: bool) -> None:
+def bench(n: int, device: str, repeat: int, sweep: bool) -> dict:
     tag = f"[{n} x {OUT}x{HIDDEN}]"
     packed, scales = make_inputs(n, device)
     check_exact(packed, scales)
@@ -111,16 +113,21 @@ def bench(n: int, device: str, repeat: int, sweep: bool) -> None:
     print(f"{tag} ours out=: {t_out * 1e3:.2f} ms = {moved / t_out / 1e9:.1f} GB/s (preallocated output)")
     print(f"{tag} ratio ours/seed: {t_seed / t_ours:.1f}x")
     print(f"{tag} ratio ours(out=)/seed: {t_seed / t_out:.1f}x")
+    row = {"matrices": n, "rows": OUT, "k": HIDDEN, "bytes_moved": moved, "seed_s": t_seed, "ours_s": t_ours,
+           "ours_out_s": t_out, "seed_gbps": moved / t_seed / 1e9, "ours_gbps": moved / t_ours / 1e9,
+           "ours_out_gbps": moved / t_out / 1e9}
     if device != "cuda":
-        return
+        return row
     src = torch.empty(moved // 2, dtype=torch.uint8, device=device)  # a copy of moved/2 bytes moves `moved` bytes
     dst = torch.empty_like(src)
     t_copy = timed({"copy": lambda: dst.copy_(src)}, device, repeat)["copy"]
     copy_bw = moved / t_copy / 1e9
     print(f"{tag} copy: {t_copy * 1e3:.2f} ms = {copy_bw:.0f} GB/s (device-to-device, {moved} bytes read + written)")
     print(f"{tag} ours: {moved / t_out / 1e9:.0f} GB/s = {100 * moved / t_out / 1e9 / copy_bw:.0f}% of copy")
+    row.update(copy_s=t_copy, copy_gbps=copy_bw)
     if sweep:
         sweep_kernels(tag, packed, scales, out, moved, copy_bw, repeat)
+    return row
 
 
 def sweep_configs() -> list[dict]:
@@ -176,6 +183,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=None, help="timed calls per measurement (default 5 cpu, 20 cuda)")
     ap.add_argument("--sweep", action="store_true",
                     help="cuda: also time the Triton kernel over block sizes / warp counts / load widths")
+    ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device")
@@ -188,8 +196,11 @@ def main() -> None:
         from fimoe_convert.numerics import fp4_triton
 
         print(f"path: {'triton kernel' if fp4_triton.triton_available() else 'torch table gather (triton not importable)'}")
-    for size in sorted({1, n}):
-        bench(size, args.device, repeat, args.sweep and size == n)
+    rows = [bench(size, args.device, repeat, args.sweep and size == n) for size in sorted({1, n})]
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": args.device, "where": where, "torch": torch.__version__,
+                                               "repeat": repeat, "cores": os.cpu_count(), "loadavg": os.getloadavg(),
+                                               "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

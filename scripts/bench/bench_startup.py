@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,7 +45,8 @@ def main() -> None:
     print("goal: within 2x of the floor: " + ", ".join(f"{k} {'met' if r['ratio'] <= 2 else 'NOT met'}"
                                                        for k, r in rows.items() if k != "import click (floor)"))
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": args.runs, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"runs": args.runs, "rows": rows, "date": time.strftime("%Y-%m-%d"),
+                                               "cores": os.cpu_count(), "loadavg": os.getloadavg()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
