@@ -68,6 +68,12 @@ def run_flags(args: str) -> list[str]:
     return flags
 
 
+def pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
 def pyproject_deps() -> list[str]:
     tomllib = pytest.importorskip("tomllib")
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -87,7 +93,7 @@ def problems(text: str) -> list[str]:
         return p
     (_, _, conv), (_, _, serve) = st
     deps = [d for d in pyproject_deps() if not d.startswith(("torch", "flashinfer"))]
-    flashinfer = [d for d in pyproject_deps() if d.startswith("flashinfer")]
+    flashinfer = pyproject()["optional-dependencies"]["flashinfer"]
     for name, body in (("convert", conv), ("serve", serve)):
         a = arg_defaults(body)
         if a.get("TORCH_INDEX") != CPU_INDEX:
