@@ -1,0 +1,47 @@
+#!/bin/bash
+# Build the git-ignored folder that one `run` call carries to the lent H200 for issue 20
+# (scripts/dev/h200_deepgemm.sh runs there). The `run` tool sends the checkout the session started in
+# (/work/main), not a helper's worktree, so the folder goes there, ignored through .git/info/exclude,
+# and holds this worktree's fimoe_convert and scripts as well.
+#   cand/V.tar.xz   each sgl-deep-gemm wheel of WHEELS/V/ unpacked, without deep_gemm/include (headers
+#                   only the JIT needs), xz
+#   full/V.whl      the whole wheel, for the releases predicted to load (their JIT needs the headers)
+#   tvm/            apache-tvm-ffi 0.1.11 (pinned by sgl-deep-gemm <= 0.2.2) and 0.1.15.post2 (cp312)
+#   fi-moe-ep.tar.xz, fi-distinfo.tar.xz   flashinfer 0.7.4's Python tree (as scripts/build_moe_ep_carry.sh
+#                   trims it) and its dist-info; stub/sitecustomize.py (fi_stub/)
+#   wt.tar.xz       this worktree's fimoe_convert; dev/ these scripts; versions.txt newest first
+# usage: scripts/dev/build_deepgemm_carry.sh [DEST] [WHEELS]   (defaults /work/main/.dgcarry, /work/dg-wheels;
+#   WHEELS/V/*.whl from `pip download sgl-deep-gemm==V`, WHEELS/tvm/*.whl, WHEELS/versions.txt;
+#   the python3 here must have flashinfer-python 0.7.4)
+set -euo pipefail
+dest=${1:-/work/main/.dgcarry}
+whl=${2:-/work/dg-wheels}
+full="0.1.5.post1 0.1.5 0.1.4.post1"
+here=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(git -C "$(dirname "$dest")" rev-parse --show-toplevel)
+excl="$(git -C "$root" rev-parse --path-format=absolute --git-common-dir)/info/exclude"
+rel="/${dest#"$root"/}/"
+grep -qxF "$rel" "$excl" 2>/dev/null || echo "$rel" >> "$excl"
+rm -rf "$dest"; mkdir -p "$dest"/{cand,full,tvm,stub,dev}
+cp "$whl"/versions.txt "$dest"/
+for v in $(cat "$whl"/versions.txt); do
+  w=$(ls "$whl/$v"/*.whl)
+  if [[ " $full " == *" $v "* ]]; then cp "$w" "$dest/full/$v.whl"; continue; fi
+  t=$(mktemp -d); python3 -m zipfile -e "$w" "$t"; rm -rf "$t/deep_gemm/include"
+  tar cf - -C "$t" . | xz -6 -T2 > "$dest/cand/$v.tar.xz"; rm -rf "$t"
+done
+cp "$whl"/tvm/apache_tvm_ffi-0.1.11-*.whl "$whl"/tvm/apache_tvm_ffi-0.1.15.post2-*.whl "$dest/tvm/"
+site=$(python3 -c 'import flashinfer, os; print(os.path.dirname(os.path.dirname(flashinfer.__file__)))')
+t=$(mktemp -d)
+(cd "$site" && tar cf - --exclude=__pycache__ --exclude=flashinfer/data --exclude=flashinfer/experimental \
+   --exclude='flashinfer/cake_*_backend' flashinfer) | tar xf - -C "$t"
+mkdir -p "$t/flashinfer/experimental"
+(cd "$site/flashinfer/experimental" && cp -r __init__.py cake_w8a8_megamoe_ep16 cake_mxfp8_megamoe_ep16 "$t/flashinfer/experimental/")
+find "$t" -name __pycache__ -prune -exec rm -rf {} +
+tar cf - -C "$t" flashinfer | xz -6 -T2 > "$dest/fi-moe-ep.tar.xz"; rm -rf "$t"
+(cd "$site" && tar cJf - flashinfer_python-0.7.4.dist-info) > "$dest/fi-distinfo.tar.xz"
+cp "$here/scripts/dev/fi_stub/sitecustomize.py" "$dest/stub/"
+cp "$here"/scripts/dev/{h200_deepgemm.sh,dg_probe.py,deepgemm_check.py} "$dest/dev/"
+(cd "$here" && tar cf - --exclude=__pycache__ fimoe_convert) | xz -6 -T2 > "$dest/wt.tar.xz"
+du -b "$dest"/* "$dest"/*/* | sort -k2
+du -sb "$dest"
