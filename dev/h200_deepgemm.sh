@@ -1,10 +1,10 @@
 #!/bin/bash
 # Issue 20 on the lent H200, in one `run` call that carries the folder built by
-# scripts/dev/build_deepgemm_carry.sh (default name .dgcarry):
+# dev/build_deepgemm_carry.sh (default name .dgcarry):
 #   run(command="bash .dgcarry/dev/h200_deepgemm.sh", carry=[".dgcarry"])
 # 1. every sgl-deep-gemm release in its own folder and process: `import deep_gemm` (version, the three
 #    transform functions, or the exact error);
-# 2. with the newest that loads and has them: scripts/dev/deepgemm_check.py (FlashInfer's deepgemm
+# 2. with the newest that loads and has them: dev/deepgemm_check.py (FlashInfer's deepgemm
 #    preprocess on CUDA; `python3 -m fimoe_convert ... --target sm100_fp8_fp4_bf16_deepgemm --device cuda`;
 #    our stored output against FlashInfer's load-time path, bit for bit).
 # The log goes to $OUT/log.

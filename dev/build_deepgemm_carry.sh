@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build the git-ignored folder that one `run` call carries to the lent H200 for issue 20
-# (scripts/dev/h200_deepgemm.sh runs there). The `run` tool sends the checkout the session started in
+# (dev/h200_deepgemm.sh runs there). The `run` tool sends the checkout the session started in
 # (/work/main), not a helper's worktree, so the folder goes there, ignored through .git/info/exclude,
 # and holds this worktree's fimoe_convert and scripts as well.
 #   cand/V.tar.xz   each sgl-deep-gemm wheel of WHEELS/V/ unpacked, without deep_gemm/include (headers
@@ -8,9 +8,9 @@
 #   full/V.whl      the whole wheel, for the releases predicted to load (their JIT needs the headers)
 #   tvm/            apache-tvm-ffi 0.1.11 (pinned by sgl-deep-gemm <= 0.2.2) and 0.1.15.post2 (cp312)
 #   fi-moe-ep.tar.xz, fi-distinfo.tar.xz   flashinfer 0.7.4's Python tree (as scripts/build_moe_ep_carry.sh
-#                   trims it) and its dist-info; stub/sitecustomize.py (fi_stub/)
+#                   trims it) and its dist-info; stub/sitecustomize.py (dev/flashinfer_stub/)
 #   wt.tar.xz       this worktree's fimoe_convert; dev/ these scripts; versions.txt newest first
-# usage: scripts/dev/build_deepgemm_carry.sh [DEST] [WHEELS]   (defaults /work/main/.dgcarry, /work/dg-wheels;
+# usage: dev/build_deepgemm_carry.sh [DEST] [WHEELS]   (defaults /work/main/.dgcarry, /work/dg-wheels;
 #   WHEELS/V/*.whl from `pip download sgl-deep-gemm==V`, WHEELS/tvm/*.whl, WHEELS/versions.txt;
 #   the python3 here must have flashinfer-python 0.7.4)
 set -euo pipefail
@@ -40,8 +40,8 @@ mkdir -p "$t/flashinfer/experimental"
 find "$t" -name __pycache__ -prune -exec rm -rf {} +
 tar cf - -C "$t" flashinfer | xz -6 -T2 > "$dest/fi-moe-ep.tar.xz"; rm -rf "$t"
 (cd "$site" && tar cJf - flashinfer_python-0.7.4.dist-info) > "$dest/fi-distinfo.tar.xz"
-cp "$here/scripts/dev/fi_stub/sitecustomize.py" "$dest/stub/"
-cp "$here"/scripts/dev/{h200_deepgemm.sh,dg_probe.py,deepgemm_check.py} "$dest/dev/"
+cp "$here/dev/flashinfer_stub/sitecustomize.py" "$dest/stub/"
+cp "$here"/dev/{h200_deepgemm.sh,dg_probe.py,deepgemm_check.py} "$dest/dev/"
 (cd "$here" && tar cf - --exclude=__pycache__ fimoe_convert) | xz -6 -T2 > "$dest/wt.tar.xz"
 du -b "$dest"/* "$dest"/*/* | sort -k2
 du -sb "$dest"
