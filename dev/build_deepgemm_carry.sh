@@ -17,7 +17,7 @@ set -euo pipefail
 dest=${1:-/work/main/.dgcarry}
 whl=${2:-/work/dg-wheels}
 full="0.1.5.post1 0.1.5 0.1.4.post1"
-here=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
 root=$(git -C "$(dirname "$dest")" rev-parse --show-toplevel)
 excl="$(git -C "$root" rev-parse --path-format=absolute --git-common-dir)/info/exclude"
 rel="/${dest#"$root"/}/"
