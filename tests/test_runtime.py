@@ -429,3 +429,15 @@ def _check_mega_config(out: str, src: str) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["check-mega-config"]:
     _check_mega_config(*sys.argv[2:4])
+
+
+def test_same_object_compares_a_size_one_last_dimension_with_any_stride():
+    """DeepGEMM's int32 scale views have a last dimension of 1 with another stride (seen on the H200)."""
+    from fimoe_convert.numerics.structure import same_object
+
+    base = torch.arange(8, dtype=torch.int32)
+    other = base.clone()
+    other[2] = 99
+    a = base.as_strided((4, 1), (2, 4))
+    assert same_object(a, base.clone().as_strided((4, 1), (2, 4)))
+    assert not same_object(a, other.as_strided((4, 1), (2, 4)))

@@ -105,5 +105,11 @@ def same_object(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
                 and a.stride() == b.stride()
-                and torch.equal(a.cpu().contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8)))
+                and torch.equal(_bytes(a), _bytes(b)))
     return a == b
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor in row-major order; reshape(-1) first: a size-1 last dimension may carry any stride,
+    and viewing such a tensor as bytes fails."""
+    return t.cpu().contiguous().reshape(-1).view(torch.uint8)
