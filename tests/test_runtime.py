@@ -438,6 +438,7 @@ def test_same_object_compares_a_size_one_last_dimension_with_any_stride():
     base = torch.arange(8, dtype=torch.int32)
     other = base.clone()
     other[2] = 99
-    a = base.as_strided((4, 1), (2, 4))
-    assert same_object(a, base.clone().as_strided((4, 1), (2, 4)))
-    assert not same_object(a, other.as_strided((4, 1), (2, 4)))
+    a = base.as_strided((4, 1), (1, 4))  # contiguous by torch's rule (size-1 dims ignored), stride(-1) 4
+    assert a.is_contiguous() and a.stride(-1) != 1
+    assert same_object(a, base.clone().as_strided((4, 1), (1, 4)))
+    assert not same_object(a, other.as_strided((4, 1), (1, 4)))
