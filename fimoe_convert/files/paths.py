@@ -1,0 +1,32 @@
+"""The one rule for a file name read from an index or a manifest (SRC's index, OUT's manifest and index): it is
+used only if it is a plain relative path (no `..`, no empty part, no backslash, no NUL, no drive, not absolute)
+and, with its links resolved, stays inside its folder. Such names come from files anyone may have written (a
+downloaded checkpoint, an OUT fetched from the Hub); a name outside this rule is never opened or deleted."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+
+def name_problem(rel, folder: Path, where: str, what: str = "file", label: str = "the folder",
+                 inside: Path | None = None) -> str | None:
+    """Why `rel` (read from the file `where`) may not be used as a `what` in `folder`, or None when it may.
+    `inside`: where the resolved name must stay (default: `folder` resolved; a Hub snapshot's blobs live beside
+    it); `label` names that place in the message ('the checkpoint', 'OUT')."""
+    if not isinstance(rel, str) or not plain_relative(rel):
+        return f"{where}: {what} name {rel!r} is not a plain relative path inside {label}; refusing it"
+    try:
+        base = (inside or Path(folder)).resolve()
+        resolved = (Path(folder) / rel).resolve(strict=False)
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        return f"{where}: {what} {rel!r} cannot be resolved ({getattr(e, 'strerror', None) or 'symlink loop'})"
+    if not resolved.is_relative_to(base):
+        return f"{where}: {what} {rel!r} is a link to {resolved}, outside {label} ({base}); refusing it"
+    return None
+
+
+def plain_relative(rel: str) -> bool:
+    """`rel` is a normalized relative POSIX path: no empty, `.` or `..` part, no backslash, NUL or drive."""
+    p = PurePosixPath(rel)
+    return bool(rel and p.parts and not p.is_absolute() and "\\" not in rel and "\0" not in rel
+                and all(part not in ("..", ".", "") for part in rel.split("/")) and ":" not in p.parts[0])
