@@ -55,7 +55,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "pipeline": _BASE | {"files", "plan"},
     "distributed": _BASE,
     "options": _BASE | {"kernels", "targets"},
-    "resume": _BASE | {"distributed", "files", "plan"},
+    "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files"},
     "verify": _BASE | {"files", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
@@ -65,6 +65,6 @@ LAYERS: dict[str, frozenset[str]] = {
     "runtime": _BASE | {"files", "kernels", "numerics"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"convert", "testing", "verify"},
-    "cli": _BASE | {"convert", "demo", "eta", "hub", "inspection", "options", "verify"},
+    "cli": _BASE | {"convert", "demo", "eta", "files", "hub", "inspection", "options", "verify"},  # files: --config
     "__main__": frozenset({"cli"}),
 }

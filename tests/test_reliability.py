@@ -195,8 +195,8 @@ BAD_INPUTS = [(f, m) for f, m in damage.CASES] + [
     (config_field_missing, r"config\.json.*moe_intermediate_size is None; expected a positive integer"),
     (config_contradicts_tensors, r"^error: 192 routed-expert tensors do not match config\.json, e\.g\. tensor "
                                  r"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[128, 128\], expected I8 \[256, 128\]"),
-    (index_names_dot, r"shard file name '\.' is not a plain relative path"),
-    (index_names_nul, r"shard file name 'a\\x00b\.safetensors' is not a plain relative path"),
+    (index_names_dot, r"shard name '\.' is not a plain relative path"),
+    (index_names_nul, r"shard name 'a\\x00b\.safetensors' is not a plain relative path"),
     (symlink_loop, r"shard 'loop\.safetensors' cannot be resolved"),
     (header_big_int, r"model-00002-of-00004\.safetensors: header is not valid JSON \(ValueError: Exceeds the limit"),
     (header_deep_nesting, r"model-00002-of-00004\.safetensors: header is not valid JSON \(RecursionError"),
@@ -221,7 +221,7 @@ def test_fp8_base_experts_for_an_fp4_target(tmp_path):
     out = tmp_path / "out"
     r = cli(src, out, "--target", "megamoe_sm90_mxfp4", "--arch", "9.0", "-q")
     assert_refused(r, out, r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are "
-                           r"FP8 \(expert_dtype 'fp8'\); use --target bf16")
+                           r"FP8 \(expert_dtype 'fp8'\); use --target bf16", code=2)  # a flag's problem: usage
     assert tree_hash(src) == before and not out.exists()
 
 
@@ -575,7 +575,8 @@ def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_
     seen = []
     real = conv.hash_inputs
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(conv, "hash_inputs", lambda source, files, n: seen.append(n) or real(source, files, n))
+    monkeypatch.setattr(conv, "hash_inputs", lambda source, files, n, *more: seen.append(n) or real(source, files, n,
+                                                                                                      *more))
     conv.convert(str(tiny_ckpt), str(tmp_path / "out"), target, shard_size="200KB", writers=writers)
     assert seen == [threads]
 
