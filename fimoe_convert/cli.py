@@ -1,20 +1,25 @@
 """Command line: parse, call the library, print. Flag names match `convert(...)`'s keyword arguments.
 
-Errors print as `error: ...` lines (exit 2 for usage, 1 for bad input or failure); a traceback
-only with FIMOE_DEBUG=1."""
+Errors print as `error: ...` lines (exit 2 for usage, 1 for bad input or failure), one per problem; a
+traceback only with FIMOE_DEBUG=1, whatever failed. SIGINT, SIGTERM and SIGHUP stop a command the same way
+(clean-up, one line, exit 128 + the signal's number)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shlex
+import signal
 import sys
+import threading
 
 import click
 
 from . import __version__
 from .convert import convert
-from .errors import FimoeError
+from .errors import FimoeError, UsageError, format_problems
 from .inspection import inspect, list_targets
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
 from .sizes import human
@@ -22,29 +27,87 @@ from .eta import dry_run_eta
 from .verify import verify
 
 
+# What to do after an interrupted command, by command (default: run it again).
+_AFTER_INTERRUPT = {"convert": "finished shards are kept: run the same command with --resume",
+                    "upload": "run the same command again to resume (what reached the Hub is not sent again)"}
+_STOPPED = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM", signal.SIGHUP: "stopped by SIGHUP"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread as Ctrl-C is: the library cleans up the same way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """While a command runs: the first SIGINT, SIGTERM or SIGHUP raises Interrupted; later ones are ignored, so
+    that a second Ctrl-C cannot cut the clean-up short (temporary files left, a traceback). Signals the process
+    was started ignoring (nohup, a background job) stay ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in _STOPPED if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters (a newline in a flag's value, say) escaped: one problem, one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class _DefaultGroup(click.Group):
-    """`fimoe-convert SRC OUT ...` means `fimoe-convert convert SRC OUT ...`."""
+    """`fimoe-convert SRC OUT ...` means `fimoe-convert convert SRC OUT ...`. Every command's errors end here."""
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["convert", *args]
         return super().parse_args(ctx, args)
 
+    def invoke(self, ctx):
+        with _signals_interrupt():
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+                raise
+            except FimoeError as e:
+                _debug_reraise()
+                problems = [one_line(p) for p in e.problems]
+                for i, line in enumerate(format_problems(problems).splitlines()):
+                    click.echo(("error: " if i == 0 else "") + line, err=True)
+                sys.exit(e.exit_code)
+            except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as Interrupted
+                _debug_reraise()
+                signum = getattr(e, "signum", signal.SIGINT)
+                after = _AFTER_INTERRUPT.get(ctx.invoked_subcommand or "", "run the same command again")
+                click.echo(f"error: {_STOPPED[signum]}; {after}", err=True)
+                sys.exit(128 + signum)
+            except Exception as e:  # a failure no check foresaw: still one line, the traceback on request
+                _debug_reraise()
+                what = one_line(" ".join(str(e).split()))[:300]
+                click.echo(f"error: {ctx.invoked_subcommand or 'fimoe-convert'} failed: {e.__class__.__name__}"
+                           f"{': ' + what if what else ''}; this is a bug or an input fimoe-convert does not check: "
+                           "rerun with FIMOE_DEBUG=1 for the traceback and report it", err=True)
+                sys.exit(1)
 
-def _run(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except FimoeError as e:
-        if os.environ.get("FIMOE_DEBUG") == "1":
-            raise
-        for i, line in enumerate(str(e).splitlines()):
-            click.echo(("error: " if i == 0 else "") + line, err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        if os.environ.get("FIMOE_DEBUG") == "1":
-            raise
-        click.echo("error: interrupted; finished shards are kept: run the same command with --resume", err=True)
-        sys.exit(130)
+
+def _debug_reraise() -> None:
+    if os.environ.get("FIMOE_DEBUG") == "1":
+        raise
 
 
 def _default(ctx: click.Context, name: str):
@@ -100,14 +163,13 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
     bar = None
     bad = [p for p in params if "=" not in p]
     if bad:
-        click.echo(f"error: --param {bad[0]}: expected KEY=VALUE", err=True)
-        sys.exit(2)
+        raise UsageError(f"--param {bad[0]!r}: expected KEY=VALUE")
     params = dict(p.split("=", 1) for p in params)
     ctx = click.get_current_context()
     if config:
         from .files.preset import load_preset
 
-        preset = _run(load_preset, config)
+        preset = load_preset(config)
         preset.pop("model", None)
         params = {**preset.pop("params", {}), **params}
         given = {k for k in preset if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
@@ -129,13 +191,14 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
     # in a fixed order: the card's bytes must not depend on the order the flags were typed in
     shown = [f"--{k.replace('_', '-')} {ctx.params[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
              if ctx.params[k] != _default(ctx, k)]
-    command = " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if allow_lossy else []),
-                        *[f"--param {k}={v}" for k, v in sorted(params.items())]])
+    command = one_line(" ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown,
+                                 *(["--allow-lossy"] if allow_lossy else []),
+                                 *[f"--param {k}={v}" for k, v in sorted(params.items())]]))
     try:
-        res = _run(convert, src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
-                   max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
-                   overwrite=overwrite, dry_run=dry_run, offline=offline, writers=writers, progress=progress,
-                   command=command)
+        res = convert(src, out, target, revision=revision, ep_size=ep_size, device=device, arch=arch,
+                      max_memory=max_memory, shard_size=shard_size, allow_lossy=allow_lossy, params=params,
+                      resume=resume, overwrite=overwrite, dry_run=dry_run, offline=offline, writers=writers,
+                      progress=progress, command=command)
     finally:
         if bar is not None:
             bar.close()
@@ -151,6 +214,9 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
                 f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
         if res.report:
             text += "\n" + json.dumps(res.report, sort_keys=True)
+    if res.skipped:
+        text += ("\nnot copied from SRC (named like fimoe-convert's own files): "
+                 + ", ".join(one_line(n) for n in res.skipped))
     if not quiet or as_json:
         _emit(res.to_json(), as_json, text)
 
@@ -164,7 +230,7 @@ def convert_cmd(src, out, target, revision, ep_size, device, arch, max_memory, s
 @click.option("--json", "as_json", is_flag=True)
 def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
     """What the checkpoint SRC holds and which targets fit it."""
-    r = _run(inspect, src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
+    r = inspect(src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
     m = r["model"]
     lines = [f"{r['source']}: {r['variant']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
              f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
@@ -183,7 +249,7 @@ def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def targets_cmd(as_json):
     """Every target: kernel, architectures, formats, NVSHMEM, and whether it can run here now."""
-    rows = _run(list_targets)
+    rows = list_targets()
     lines = [f"{'target':34} {'arch':10} {'weights':8} {'nvshmem':7} {'here':4} notes"]
     for r in rows:
         lines.append(f"{r['name']:34} {','.join(r['capabilities']) or 'any':10} {r['weight_format'].split()[0]:8} "
@@ -200,12 +266,12 @@ def targets_cmd(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def verify_cmd(out, deep, src, as_json):
     """Check OUT against its manifest (exit 1 naming the first bad file)."""
-    r = _run(verify, out, deep=deep, src=src)
+    r = verify(out, deep=deep, src=src)
     if r["problems"]:
         if as_json:
             _emit(r, True, "")
         else:
-            click.echo(f"error: {r['problems'][0]}", err=True)
+            click.echo(f"error: {one_line(r['problems'][0])}", err=True)
         sys.exit(1)
     _emit(r, as_json, f"ok: {r['files']} files, {human(r['bytes'])} match the manifest"
           + (f"; {r['deep_checked']} units re-derived from the source match" if deep else ""))
@@ -225,17 +291,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
     Hub. An interrupted upload resumes when the same command runs again."""
     from .hub import upload
 
-    def run():
-        try:
-            return upload(out, repo_id, private=private, revision=revision, dry_run=dry_run)
-        except KeyboardInterrupt:
-            if os.environ.get("FIMOE_DEBUG") == "1":
-                raise
-            click.echo("error: interrupted; run the same command again to resume (what reached the Hub is not sent "
-                       "again)", err=True)
-            sys.exit(130)
-
-    r = _run(run)
+    r = upload(out, repo_id, private=private, revision=revision, dry_run=dry_run)
     where = f"{repo_id}@{r['revision']}"
     if dry_run:
         text = "\n".join([f"would upload {r['files']} files, {r['human']} ({r['bytes']} bytes) to {where}"
@@ -256,7 +312,7 @@ def demo_cmd(workdir, as_json):
     """Make a tiny V4 checkpoint, convert it to BF16 and to a FlashInfer layout, verify, summarize."""
     from .demo import run_demo
 
-    r = _run(run_demo, workdir, log=None if as_json else click.echo)
+    r = run_demo(workdir, log=None if as_json else click.echo)
     _emit(r, as_json, r["summary"])
 
 
