@@ -123,12 +123,21 @@ def read_json(path: Path, kind: str, schema=None, *, fix: str = "the file is dam
 
 # ------------------------------------------------------------------------------------------- typed schemas
 #
-# A schema is one of: `str`, `int` (bool excluded), `bool`, `NonNeg` (an int >= 0), `Any`, `Hex64` (a sha256),
-# or an instance of Obj / MapOf / ListOf / Nullable / OneOf below.
+# A schema is a scalar kind (a key of SCALARS: `str`, `int` (bool excluded), `bool`, `NonNeg`, `Hex64`, `Any`) or
+# an instance of Obj / MapOf / ListOf / Nullable / OneOf below.
 
 Any = object()
 NonNeg = object()
 Hex64 = object()
+_HEX = frozenset("0123456789abcdef")
+SCALARS = {  # kind: (what a message says it expected, the test)
+    str: ("a string", lambda v: isinstance(v, str)),
+    int: ("an integer", lambda v: type(v) is int),
+    NonNeg: ("an integer >= 0", lambda v: type(v) is int and v >= 0),
+    bool: ("true or false", lambda v: type(v) is bool),
+    Hex64: ("a sha256 (64 hex digits)", lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= _HEX),
+    Any: ("any value", lambda v: True),
+}
 
 
 @dataclass(frozen=True)
@@ -162,16 +171,6 @@ class OneOf:
 
 
 def describe(schema) -> str:
-    if schema is str:
-        return "a string"
-    if schema is int:
-        return "an integer"
-    if schema is NonNeg:
-        return "an integer >= 0"
-    if schema is bool:
-        return "true or false"
-    if schema is Hex64:
-        return "a sha256 (64 hex digits)"
     if isinstance(schema, (Obj, MapOf)):
         return "an object"
     if isinstance(schema, ListOf):
@@ -180,7 +179,7 @@ def describe(schema) -> str:
         return f"{describe(schema.inner)} or null"
     if isinstance(schema, OneOf):
         return "one of " + ", ".join(repr(v) for v in schema.values)
-    return "any value"
+    return SCALARS[schema][0]
 
 
 def shown(value) -> str:
@@ -199,25 +198,13 @@ def _field(path: str, key: str) -> str:
 
 
 def _fits(value, schema) -> bool:
-    if schema is Any:
-        return True
-    if schema is str:
-        return isinstance(value, str)
-    if schema is int:
-        return type(value) is int
-    if schema is NonNeg:
-        return type(value) is int and value >= 0
-    if schema is bool:
-        return type(value) is bool
-    if schema is Hex64:
-        return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
     if isinstance(schema, (Obj, MapOf)):
         return isinstance(value, dict)
     if isinstance(schema, ListOf):
         return isinstance(value, list)
     if isinstance(schema, OneOf):
         return isinstance(value, str) and value in schema.values
-    raise AssertionError(schema)
+    return SCALARS[schema][1](value)
 
 
 def check(value, schema, where: str, path: str = "", fix: str | None = None) -> None:

@@ -363,28 +363,29 @@ def free_disk(out: Path) -> tuple[Path, int]:
     return root, shutil.disk_usage(root).free
 
 
+def earlier_files(out_dir: Path) -> list[Path]:
+    """What --overwrite removes from OUT before converting, the manifest last: the files its manifest names (only
+    names inside OUT, never the lock), shards, status files. A damaged or other-schema manifest is taken over:
+    only the tool's own file names go (what a new conversion does not rewrite stays, listed in no manifest)."""
+    try:
+        old = read_manifest(out_dir)
+        named = [*old["files"], *old["status"]]
+    except InputError:
+        named = []
+    where = str(out_dir / MANIFEST_NAME)
+    found = [out_dir / rel for rel in named if rel not in (LOCK_NAME, MANIFEST_NAME)
+             and name_problem(rel, out_dir, where) is None]
+    found += sorted(out_dir.glob(SHARD_GLOB)) + sorted(out_dir.glob(RANK_STATUS.format(rank="*")))
+    found.append(out_dir / MANIFEST_NAME)
+    return [p for p in dict.fromkeys(found) if p.is_symlink() or p.is_file()]
+
+
 def prepare_out(out_dir: Path, overwrite: bool) -> None:
-    """Create OUT; with `overwrite`, first remove what an earlier conversion wrote: the files its manifest names
-    (only names inside OUT, never the lock), shards, status files, temporaries, then the manifest. A damaged or
-    other-schema manifest is taken over: only the tool's own file names go. Temporaries go in any case (OUT
-    holds a manifest of this tool, or nothing but the tool's own leftovers: check_out made sure)."""
-    manifest = out_dir / MANIFEST_NAME
-    if overwrite and (manifest.is_symlink() or manifest.is_file()):
-        try:
-            old = read_manifest(out_dir)
-            named = [*old["files"], *old["status"]]
-        except InputError:
-            named = []
-        where = str(out_dir / MANIFEST_NAME)
-        for rel in named:
-            path = out_dir / rel
-            if rel != LOCK_NAME and name_problem(rel, out_dir, where) is None and (path.is_symlink() or path.is_file()):
-                path.unlink()
-        for p in out_dir.glob(SHARD_GLOB):
-            if p.is_symlink() or p.is_file():
-                p.unlink()
-        remove_rank_status(out_dir)
-        manifest.unlink()
+    """Create OUT; with `overwrite`, first remove an earlier conversion (`earlier_files`). Temporaries go in any
+    case (OUT holds a manifest of this tool, or nothing but the tool's own leftovers: check_out made sure)."""
+    if overwrite and out_dir.is_dir():
+        for p in earlier_files(out_dir):
+            p.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_temporaries(out_dir)
 
