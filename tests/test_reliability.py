@@ -87,13 +87,19 @@ def assert_not_complete(out: Path) -> None:
     assert not list(out.glob("*" + sio.TMP_SUFFIX)), list(out.iterdir())
 
 
-def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
+def refused(r, match: str, code: int = 1) -> str:
+    """The CLI result `r` is exactly one `error:` line matching `match`, exit `code`, no traceback; the line."""
     assert r.exit_code == code, (r.exit_code, r.output, r.exception)
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert "Traceback" not in r.output
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert re.search(match, lines[0]), (match, lines[0])
+    return lines[0]
+
+
+def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
+    refused(r, match, code)
     assert_not_complete(out)
 
 
@@ -400,17 +406,19 @@ def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypat
     assert cli("verify", out).exit_code == 0
 
 
-def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
-    """SIGINT (Ctrl-C) to the real CLI mid-conversion. The conversion proper takes ~0.2 s after ~2 s of start-up,
-    so the child is frozen (SIGSTOP) as soon as its first manifest appears, checked to be mid-run, then sent
-    SIGINT and continued; a run that got past its end before the freeze is tried again."""
-    out = tmp_path / "out"
+def run_and_signal(src: Path, out: Path, signum: int) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the real CLI converting `src` into `out`, sent `signum` mid-conversion. The
+    conversion proper takes ~0.2 s after ~2 s of start-up, so the child is frozen (SIGSTOP) as soon as its first
+    manifest appears, checked to be mid-run, then signalled and continued; a run that got past its end before
+    the freeze is tried again."""
     for _attempt in range(5):
         shutil.rmtree(out, ignore_errors=True)
-        # SIG_DFL: a test run started in the background (`pytest &`) ignores SIGINT, and children inherit that
-        proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB",
+        # SIG_DFL: a test run started in the background (`pytest &`, nohup) ignores SIGINT (SIGHUP), and children
+        # inherit that
+        proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(src), str(out), "--shard-size", "1MB",
                                  "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in
+                                                    (signal.SIGINT, signal.SIGHUP)])
         t0 = time.monotonic()
         while proc.poll() is None and not (out / MANIFEST).exists() and time.monotonic() - t0 < 60:
             time.sleep(0.0005)
@@ -421,15 +429,20 @@ def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
             except (OSError, ValueError):
                 mid_run = True  # the first manifest is being renamed into place
             if mid_run:
-                os.kill(proc.pid, signal.SIGINT)
+                os.kill(proc.pid, signum)
             os.kill(proc.pid, signal.SIGCONT)
             if mid_run:
-                break
+                stdout, stderr = proc.communicate(timeout=60)
+                return proc.returncode, stdout, stderr
         proc.communicate(timeout=60)
-    else:
-        pytest.fail("5 runs finished before they could be interrupted")
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (proc.returncode, stderr)
+    pytest.fail("5 runs finished before they could be interrupted")
+
+
+def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
+    """SIGINT (Ctrl-C) to the real CLI mid-conversion: exit 130, one line, resumable."""
+    out = tmp_path / "out"
+    code, stdout, stderr = run_and_signal(tiny_ckpt, out, signal.SIGINT)
+    assert code == 130, (code, stderr)
     assert stderr == INTERRUPTED + "\n" and stdout == ""
     assert_not_complete(out)
     r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "-q")
