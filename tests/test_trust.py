@@ -185,7 +185,9 @@ def _weight_map_as_list(idx):
     (lambda i: i["weight_map"].update({"embed.weight": 3}), r"weight_map\['embed\.weight'\] is 3; expected a string"),
     (lambda i: i.pop("weight_map"), r"weight_map is missing; expected an object"),
     (lambda i: i.update(metadata=[1]), r"metadata is a list \(1 items\); expected an object or null"),
-], ids=["weight-map-list", "shard-name-int", "no-weight-map", "metadata-list"])
+    (lambda i: i["weight_map"].update({"embed.weight": "x" * 300}),  # found by fuzz_json: OSError ENAMETOOLONG
+     r"index\.json: shard name 'x{300}' is not a plain relative path inside the checkpoint; refusing it"),
+], ids=["weight-map-list", "shard-name-int", "no-weight-map", "metadata-list", "name-too-long"])
 def test_a_damaged_index_gives_one_line(tiny_copy, tmp_path, change, match):
     edit_json(tiny_copy / INDEX, change)
     refused(cli(tiny_copy, tmp_path / "out", "-q"), match)
@@ -249,6 +251,7 @@ def test_a_damaged_rank_status_file_only_means_its_shards_are_redone(tiny_ckpt, 
     ("model-00001-of-00002.safetensors", True), ("sub/a.safetensors", True), ("..", False), ("../x", False),
     ("a/../../x", False), ("a/../b", False), ("./a", False), ("a//b", False), ("a/", False), ("/etc/passwd", False),
     ("C:x", False), ("a\\b", False), ("a\0b", False), ("", False), (".", False), (5, False), (None, False),
+    ("x" * 255, True), ("x" * 256, False), ("\u00e9" * 128, False), ("a/" * 2048 + "b", False),  # found by fuzz_json
 ])
 def test_the_path_rule(tmp_path, rel, ok):
     (tmp_path / "sub").mkdir()

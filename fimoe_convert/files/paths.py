@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+NAME_MAX = 255  # bytes in one path component: the limit of Linux file systems (a longer name cannot exist)
+PATH_MAX = 4096  # bytes in a whole path (Linux)
+
 
 def name_problem(rel, folder: Path, where: str, what: str = "file", label: str = "the folder",
                  inside: Path | None = None) -> str | None:
@@ -26,7 +29,10 @@ def name_problem(rel, folder: Path, where: str, what: str = "file", label: str =
 
 
 def plain_relative(rel: str) -> bool:
-    """`rel` is a normalized relative POSIX path: no empty, `.` or `..` part, no backslash, NUL or drive."""
+    """`rel` is a normalized relative POSIX path: no empty, `.` or `..` part, no backslash, NUL or drive, and no
+    part or whole longer than a file system allows (the system calls would fail with ENAMETOOLONG)."""
     p = PurePosixPath(rel)
+    parts = rel.split("/")
     return bool(rel and p.parts and not p.is_absolute() and "\\" not in rel and "\0" not in rel
-                and all(part not in ("..", ".", "") for part in rel.split("/")) and ":" not in p.parts[0])
+                and all(part not in ("..", ".", "") and len(part.encode()) <= NAME_MAX for part in parts)
+                and len(rel.encode()) <= PATH_MAX and ":" not in p.parts[0])

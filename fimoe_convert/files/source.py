@@ -274,9 +274,13 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False) -
     missing: list[str] = []
     for rel in sorted(set(weight_map.values())):
         problem = name_problem(rel, root, where, "shard", "the checkpoint", allowed)
+        try:
+            present = problem is None and (root / rel).exists()
+        except OSError as e:  # the rule keeps names the system refuses out; this is the last guard
+            problem = f"{where}: shard {rel!r} cannot be looked up ({e.strerror})"
         if problem:
             bad.append(problem)
-        elif not (root / rel).exists():
+        elif not present:
             missing.append(rel)
         else:
             try:
