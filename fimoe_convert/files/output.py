@@ -31,7 +31,7 @@ COPY_BLOCK = 16 * 2**20  # bytes per read when copying SRC's small files (a toke
 FILE_RECORD = Obj({"size": NonNeg, "sha256": Hex64}, {"report": Obj()})
 SOURCE_FILE = Obj({"size": NonNeg, "sha256": Nullable(Hex64)}, {"mtime_ns": int, "inode": NonNeg, "dev": NonNeg})
 MANIFEST_SCHEMA = Obj({
-    "schema": str, "complete": bool, "tool": Obj(), "model": Obj(),
+    "schema": str, "tool": Obj(), "model": Obj(),
     "options": Obj({"target": str, "shard_size": NonNeg, "ep_size": NonNeg, "arch": Nullable(str),
                     "allow_lossy": bool, "params": MapOf(str)}),
     "source": Obj({"spec": str, "files": MapOf(SOURCE_FILE)}, {"repo_id": Nullable(str), "revision": Nullable(str)}),
@@ -43,7 +43,7 @@ MANIFEST_SCHEMA = Obj({
     "layers": MapOf(Obj()),
     "files": MapOf(FILE_RECORD),
     "status": MapOf(OneOf(("pending", "written"))),
-}, {"report": Obj()})
+}, {"complete": bool, "report": Obj()})  # no `complete`: the conversion did not finish
 STATUS_SCHEMA = Obj({"rank": NonNeg, "files": MapOf(FILE_RECORD)})
 OUT_INDEX_SCHEMA = Obj({"weight_map": MapOf(str), "metadata": Obj({"total_size": NonNeg})})
 
@@ -96,7 +96,7 @@ def read_manifest(out_dir: Path, require_complete: bool = False, purpose: str = 
         raise InputError(f"{path}: schema is {str(seen)[:60]!r}, expected {SCHEMA!r}; it was not written by this "
                          f"version of fimoe-convert: {REMEDY[purpose]}")
     check(data, MANIFEST_SCHEMA, str(path), fix=fix)
-    if require_complete and data["complete"] is not True:
+    if require_complete and data.get("complete") is not True:
         raise InputError(f"{path}: the conversion did not finish (complete is not true); "
                          "run the same fimoe-convert command with --resume")
     return data
