@@ -252,6 +252,7 @@ def test_a_damaged_rank_status_file_only_means_its_shards_are_redone(tiny_ckpt, 
     ("a/../../x", False), ("a/../b", False), ("./a", False), ("a//b", False), ("a/", False), ("/etc/passwd", False),
     ("C:x", False), ("a\\b", False), ("a\0b", False), ("", False), (".", False), (5, False), (None, False),
     ("x" * 255, True), ("x" * 256, False), ("\u00e9" * 128, False), ("a/" * 2048 + "b", False),  # found by fuzz_json
+    ("a\nb", False), ("a\x07b", False), ("a\x7fb", False), ("\u00e9t\u00e9.json", True),  # one-line messages: fuzz_json
 ])
 def test_the_path_rule(tmp_path, rel, ok):
     (tmp_path / "sub").mkdir()
