@@ -56,7 +56,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "pipeline": _BASE | {"files", "plan"},
     "distributed": _BASE,
     "options": _BASE | {"kernels", "targets"},
-    "resume": _BASE | {"distributed", "files", "plan"},
+    "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files"},
     "verify": _BASE | {"files", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},

@@ -8,24 +8,28 @@ the commands that need them, so `--help` and `targets` start fast."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import re
 import shlex
 import signal
 import sys
+import threading
 
 import click
 
 from . import __version__
 from .console import Progress, is_rank0, plural, report_line, setup_logging
-from .errors import FimoeError, UsageError
+from .errors import FimoeError, UsageError, format_problems
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
 from .sizes import human
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # escaped in what is printed: one problem, one line
 EXAMPLES = """\b
 Examples:
   fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --target fp8_block --param scale_dtype=f32
@@ -37,15 +41,37 @@ Examples:
 
 
 class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread as Ctrl-C is: the library cleans up the same way."""
+
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
 def _on_signal(signum, frame):
-    for s in SIGNALS:  # the cleanup that follows is not interrupted again (a second Ctrl-C)
+    for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
         signal.signal(s, signal.SIG_IGN)
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """While a command runs, SIGINT, SIGTERM and SIGHUP raise Interrupted (once); signals the process was started
+    ignoring (nohup, a background job) stay ignored, and the handlers are put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters (a newline in a flag's value, say) escaped: one problem, one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _debug() -> bool:
@@ -70,25 +96,26 @@ class Cli(click.Group):
     def invoke(self, ctx):
         if _debug():
             return super().invoke(ctx)
-        for s in SIGNALS:
-            signal.signal(s, _on_signal)
-        try:
-            return super().invoke(ctx)
-        except FimoeError as e:
-            for i, line in enumerate(str(e).splitlines()):
-                click.echo(("error: " if i == 0 else "") + line, err=True)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt as e:
-            signum = getattr(e, "signum", signal.SIGINT)
-            click.echo(f"error: interrupted ({signal.Signals(signum).name}); {ctx.meta.get(ON_INTERRUPT, 'nothing was left half-done')}",
-                       err=True)
-            sys.exit(128 + signum)
-        except (click.ClickException, click.exceptions.Exit, SystemExit):
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest with FIMOE_DEBUG
-            click.echo(f"error: {type(e).__name__}: {' '.join(str(e).split())[:500]}; this is not a known input "
-                       "problem: run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
-            sys.exit(1)
+        with _signals_interrupt():
+            try:
+                return super().invoke(ctx)
+            except FimoeError as e:
+                problems = [one_line(p) for p in e.problems]
+                for i, line in enumerate(format_problems(problems).splitlines()):
+                    click.echo(("error: " if i == 0 else "") + line, err=True)
+                sys.exit(e.exit_code)
+            except KeyboardInterrupt as e:
+                signum = getattr(e, "signum", signal.SIGINT)
+                click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
+                           f"{ctx.meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
+                sys.exit(128 + signum)
+            except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+                raise
+            except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
+                what = one_line(" ".join(str(e).split()))[:500]
+                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input problem: "
+                           "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
+                sys.exit(1)
 
 
 class TargetName(click.ParamType):
@@ -192,15 +219,21 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
     defaults = {p.name: p.default for p in ctx.command.params}
     shown = [f"--{k.replace('_', '-')} {flags[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
              if flags[k] != defaults[k]]
-    return " ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown, *(["--allow-lossy"] if flags["allow_lossy"] else []),
-                     *[f"--param {k}={v}" for k, v in sorted(params.items())]])
+    return one_line(" ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown,
+                              *(["--allow-lossy"] if flags["allow_lossy"] else []),
+                              *[f"--param {k}={v}" for k, v in sorted(params.items())]]))
 
 
 def _summary(res) -> str:
     text = (f"converted to {res.target} on {res.device}: {plural(res.shards, 'shard')} ({res.shards_kept} kept), "
             f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
     line = report_line(res.report)
-    return text + (f"\n{line}" if line else "") + "".join(f"\nnote: {n}" for n in res.notes)
+    return text + (f"\n{line}" if line else "") + _skipped(res)
+
+
+def _skipped(res) -> str:
+    return ("\nnote: not copied from SRC (named like fimoe-convert's own files): "
+            + ", ".join(one_line(n) for n in res.skipped)) if res.skipped else ""
 
 
 def _dry_run_text(res) -> str:
@@ -209,7 +242,7 @@ def _dry_run_text(res) -> str:
     enough = "" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"
     return (f"plan for --target {res.target} on {res.device}: {plural(res.shards, 'shard')}\n{rows}\n"
             f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}{enough}\n"
-            f"{res.estimate}" + "".join(f"\nnote: {n}" for n in res.notes))
+            f"{res.estimate}" + _skipped(res))
 
 
 @main.command("inspect")
@@ -296,7 +329,7 @@ def verify_cmd(out, deep, src, as_json):
         if as_json:
             _emit(r, True, "")
         else:
-            click.echo(f"error: {r['problems'][0]}", err=True)
+            click.echo(f"error: {one_line(r['problems'][0])}", err=True)
         sys.exit(1)
     _emit(r, as_json, f"ok: {plural(r['files'], 'file')}, {human(r['bytes'])} match the manifest"
           + (f"; {plural(r['deep_checked'], 'unit')} re-derived from the source match" if deep else ""))

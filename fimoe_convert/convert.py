@@ -7,6 +7,7 @@ finally the index, config, model card and the manifest with `complete: true`."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -19,9 +20,10 @@ from typing import Callable
 from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
-from .files.output import (SCHEMA, check_out, copy_file, file_record, free_disk, prepare_out, remove_rank_status,
-                           write_json, write_manifest, write_rank_status, write_text)
-from .files.safetensors import INDEX_NAME
+from .files.lock import OutLock
+from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
+                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
+from .files.safetensors import INDEX_NAME, remove_own_temporaries
 from .files.source import Source, open_source
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
@@ -52,7 +54,8 @@ class ConvertResult:
     report: dict = field(default_factory=dict)
     device_peak_bytes: int | None = None  # on CUDA: the most device memory allocated at once
     estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
-    notes: list[str] = field(default_factory=list)  # things the user should know (files not copied, ...)
+    # SRC's files named like the tool's own (fimoe-manifest.json, ...): neither read nor copied into OUT
+    skipped: list[str] = field(default_factory=list)
     # Seconds: `start` until the first shard (imports excluded), then per stage, summed over --writers lanes:
     # `read` (source into host memory), `convert` (the target's transform), `wait_for_data` (the writer idle,
     # including `wait_for_device`: its wait for device-to-host copies), `write` (copy into write buffers,
@@ -104,7 +107,7 @@ def convert(
     tgt = None
     if source is not None:
         tgt = make_target(flags.kernel, source.model, flags.target)
-        problems += check_out(source.root, out_dir, resume, overwrite) + tgt.validate()
+        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
     if problems:
         raise ValidationError(problems)
     group.barrier()  # every rank has checked OUT before rank 0 creates it
@@ -112,52 +115,59 @@ def convert(
     plan = build_plan(source, tgt, flags.shard_bytes)
     biggest = _check_memory(plan, flags, max_memory, source.model.n_routed_experts)
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
-    # 4. What an earlier run into OUT left.
-    owner = assign_shards(list(plan.shards), group.world)
-    old = resuming.previous_run(out_dir, flags.record(), source) if resume else None
-    kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
-    if old is not None:
-        log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
-    # 5. The plan and the free disk; a dry run ends here.
-    todo = [s for s in plan.shards if s.filename not in kept]
-    disk, free = free_disk(out_dir)
-    result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=flags.target.device,
-                           shards=len(plan.shards), shards_kept=len(kept), bytes_read=plan.read_bytes,
-                           bytes_written=sum(s.nbytes for s in todo), seconds=0.0, dry_run=dry_run, free_disk=free,
-                           plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
-                                  "kept": s.filename in kept} for s in plan.shards])
-    if dry_run:
-        result.estimate = eta.estimate(source, tgt, plan)[0]
-        result.seconds = time.perf_counter() - t0
-        return result
-    if result.bytes_written * DISK_HEADROOM > free:
-        raise InputError(f"OUT {out_dir}: needs {result.bytes_written} bytes, {free} free on {disk}; free space "
-                         "or choose another disk")
-    # 6. OUT, and the first manifest (complete: false), before any shard.
-    manifest = _first_manifest(source, tgt, flags, plan, kept)
-    if group.rank == 0:
-        prepare_out(out_dir, overwrite)
-        write_manifest(out_dir, manifest)
-    group.barrier()
-    # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
-    todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
-    result.bytes_written = sum(s.nbytes for s in todo)
-    budget = lane_budget(flags.memory_bytes, biggest)
-    lanes = lane_count(flags.writers, len(todo), flags.memory_bytes, budget)
-    # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
-    threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH),
-                  math.ceil(lanes * plan.read_bytes / max(result.bytes_written, 1)))
-    hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads)
-    log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", len(todo), lanes, budget, threads)
-    mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
-    # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
-    for part in group.gather(mine):
-        manifest["files"].update(part)
-        manifest["status"].update({f: "written" for f in part})
-    if group.rank == 0:
-        _finish(out_dir, source, tgt, plan, manifest, old, hashes.result(), command)
-        result.report = manifest["report"]
-    group.barrier()
+    with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
+        # 4. What an earlier run into OUT left, if it read the same source files.
+        owner = assign_shards(list(plan.shards), group.world)
+        old, carried = resuming.previous_run(out_dir, flags.record(), source, group) if resume else (None, {})
+        kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
+        if old is not None:
+            log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
+        # 5. The plan and the free disk; a dry run ends here.
+        todo = [s for s in plan.shards if s.filename not in kept]
+        disk, free = free_disk(out_dir)
+        result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=flags.target.device,
+                               shards=len(plan.shards), shards_kept=len(kept), bytes_read=plan.read_bytes,
+                               bytes_written=sum(s.nbytes for s in todo), seconds=0.0, dry_run=dry_run,
+                               free_disk=free, skipped=list(source.skipped),
+                               plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
+                                      "kept": s.filename in kept} for s in plan.shards])
+        if dry_run:
+            result.estimate = eta.estimate(source, tgt, plan)[0]
+            result.seconds = time.perf_counter() - t0
+            return result
+        needed = result.bytes_written + sum(source.file_size(r) for r in copied_files(source))
+        if needed * DISK_HEADROOM > free:
+            raise InputError(f"OUT {out_dir}: needs {needed} bytes (shards and copied files), {free} free on {disk}; "
+                             "free space or choose another disk")
+        # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
+        manifest = LiveManifest(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group.rank == 0)
+        on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
+        if group.rank == 0:
+            prepare_out(out_dir, overwrite)
+            write_manifest(out_dir, manifest.data)
+        group.barrier()
+        # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
+        todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
+        result.bytes_written = sum(s.nbytes for s in todo)
+        budget = lane_budget(flags.memory_bytes, biggest)
+        lanes = lane_count(flags.writers, len(todo), flags.memory_bytes, budget)
+        # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
+        threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH),
+                      math.ceil(lanes * plan.read_bytes / max(result.bytes_written, 1)))
+        hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
+        log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", len(todo), lanes, budget,
+                 threads)
+        mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
+        # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
+        digests = hashes.result()
+        manifest.close()
+        for part in group.gather(mine):
+            manifest.data["files"].update(part)
+            manifest.data["status"].update({f: "written" for f in part})
+        if group.rank == 0:
+            _finish(out_dir, source, tgt, plan, manifest.data, old, digests, command)
+            result.report = manifest.data["report"]
+        group.barrier()
     group.close()
     if flags.target.device == "cuda":
         import torch
@@ -166,6 +176,33 @@ def convert(
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+@contextlib.contextmanager
+def _holding(out_dir: Path, group: Group, active: bool):
+    """OUT locked by rank 0 from here to the end of the run (`active`; a dry run writes nothing and takes no
+    lock); on any failure, Ctrl-C included, every temporary file this process created in OUT is removed. Yields
+    an ExitStack for more clean-up (run first)."""
+    lock = OutLock(out_dir)
+    if active:
+        problem = None
+        if group.rank == 0:
+            try:
+                lock.acquire()
+            except InputError as e:
+                problem = str(e)
+        problems = [p for p in group.gather(problem) if p]
+        if problems:
+            raise InputError(problems[0])
+    with contextlib.ExitStack() as stack:
+        stack.callback(lock.release)
+        stack.push(lambda failed, *_: remove_own_temporaries(out_dir) if failed else None)
+        yield stack
+
+
+def copied_files(source: Source) -> list[str]:
+    """SRC's small files copied into OUT as they are (its README.md is replaced by the model card)."""
+    return [r for r in source.extra_files if r != "README.md"]
 
 
 def build_plan(source: Source, target, shard_size: int) -> Plan:
@@ -203,14 +240,18 @@ def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -
     return size
 
 
-def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict) -> dict:
+def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> dict:
+    """The manifest before any shard: `source.files` holds every input's identity (size, mtime_ns, inode, dev) and
+    its sha256 where known without reading it (`carried`: recorded by the run a --resume continues)."""
     model, opts = source.model, flags.target
+    files = {rel: {**source.identities[rel], "sha256": carried.get(rel) or source.known_sha256(rel)}
+             for rel in source.input_files()}
     return {
         "schema": SCHEMA,
         "complete": False,
         "tool": tool_versions(),
         "options": flags.record(),
-        "source": _source_record(source, {}),
+        "source": {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files},
         "model": model.to_json(),
         "target": tgt.record(),
         "ep": {"world_size": opts.ep_size,
@@ -221,29 +262,32 @@ def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept
     }
 
 
-def _source_record(source: Source, hashes: dict[str, str | None]) -> dict:
-    files = {}
-    for rel in source.input_files():
-        rec = source.file_record(rel, compute_hash=False)
-        files[rel] = {"size": rec.size, "sha256": hashes.get(rel) or rec.sha256}
+def _source_record(source: Source, hashes: dict[str, str]) -> dict:
+    """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
+    elsewhere give the same manifest)."""
+    files = {rel: {"size": source.identities[rel]["size"], "sha256": hashes[rel]} for rel in source.input_files()}
     return {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files}
 
 
-def hash_inputs(source: Source, files: list[str], threads: int) -> ParallelHashes:
-    """The sha256 of SRC's `files` for the manifest, on `threads` threads beside the conversion."""
+def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveManifest | None = None
+                ) -> ParallelHashes:
+    """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
+    finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
 
-    def digest(rel: str) -> str | None:
-        try:
-            return source.file_record(rel).sha256
-        except OSError as e:
-            raise InputError(f"{source.root / rel}: cannot read it to record its sha256 ({e.strerror}); the source "
-                             "changed during the conversion, restore it and run again with --resume") from None
+    def add(m: dict, rel: str, sha: str) -> None:
+        rec = m["source"]["files"][rel]
+        resuming.check_sha(source.root / rel, sha, rec["sha256"], manifest.out_dir)  # a recorded hash stays
+        rec["sha256"] = sha
 
-    return ParallelHashes(files, digest, threads, source.file_size)
+    def record(rel: str, sha: str) -> None:
+        if manifest is not None:
+            manifest.update(lambda m: add(m, rel, sha))
+
+    return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
 
 
 def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir: Path, lanes: tuple[int, int],
-                  manifest: dict, group: Group, progress, result: ConvertResult, t0: float) -> dict:
+                  manifest: LiveManifest, group: Group, progress, result: ConvertResult, t0: float) -> dict:
     """Write this rank's shards; {shard file: record} of those written. Each finished shard is recorded at once
     (the manifest, or under torchrun a status file per rank), with the report of the units whose first output
     it holds, so that an interrupted run resumes with every finished shard and reports every unit once."""
@@ -261,12 +305,15 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
 
     def on_shard(shard: OutShard, rec) -> None:
         part = tgt.report(first_units.get(shard.filename, []))
+
+        def written(m: dict) -> None:
+            m["files"][shard.filename] = mine[shard.filename]
+            m["status"][shard.filename] = "written"
+
         with lock:
             mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256, **({"report": part} if part else {})}
             if group.world == 1:
-                manifest["files"][shard.filename] = mine[shard.filename]
-                manifest["status"][shard.filename] = "written"
-                write_manifest(out_dir, manifest)
+                manifest.update(written)
             else:  # one status file per rank: ranks never rewrite the same file
                 write_rank_status(out_dir, group.rank, mine)
 
@@ -285,7 +332,7 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
 
 
 def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: dict, old: dict | None,
-            hashes: dict[str, str | None], command: str | None) -> None:
+            hashes: dict[str, str], command: str | None) -> None:
     """Metadata files last, so that a folder without them never looks complete: the index, the config, copies
     of SRC's small files, the model card, and the manifest with `complete: true`."""
     weight_map = {t.name: s.filename for s in plan.shards for t in s.tensors}
@@ -293,9 +340,10 @@ def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: dict, old:
              "weight_map": dict(sorted(weight_map.items()))}
     write_json(out_dir / INDEX_NAME, index)
     write_json(out_dir / "config.json", tgt.update_config(source.config))
-    copied = [r for r in source.extra_files if r != "README.md"]
+    copied = copied_files(source)
     for rel in copied:
         copy_file(source.root / rel, out_dir / rel)
+    source.check_unchanged()  # every input is still the file the shards were read from
     manifest["source"] = _source_record(source, hashes)
     resuming.check_source_hashes(out_dir, old, manifest["source"])
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them

@@ -5,19 +5,45 @@ from __future__ import annotations
 
 import os
 
+from .errors import InputError
+
+LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT")  # what init_process_group's env:// rendezvous needs besides the ranks
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"{name}={value!r}: expected an integer (torchrun sets it); launch with torchrun or unset "
+                         f"{name}") from None
+
 
 class Group:
     def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.world = _env_int("WORLD_SIZE", 1)
+        self.rank = _env_int("RANK", 0)
+        self.local_rank = _env_int("LOCAL_RANK", self.rank)
         self.dist = None
         if self.world > 1:
             import torch.distributed as dist
 
             self.owned = not dist.is_initialized()
             if self.owned:
-                dist.init_process_group("gloo")
+                missing = [v for v in LAUNCH_VARS if not os.environ.get(v)]
+                if missing or not 0 <= self.rank < self.world:
+                    why = (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set" if missing else
+                           f"RANK {self.rank} is not in 0..{self.world - 1}")
+                    raise InputError(f"WORLD_SIZE={self.world} asks for a distributed run, but {why}; launch with "
+                                     "torchrun (it sets them), or unset WORLD_SIZE for one process")
+                try:
+                    dist.init_process_group("gloo")
+                except (RuntimeError, ValueError) as e:  # DistNetworkError, a bad MASTER_PORT, a timeout
+                    raise InputError(f"torchrun rendezvous at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+                                     f"failed ({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check that "
+                                     "every rank was launched by the same torchrun") from None
             self.dist = dist
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
 

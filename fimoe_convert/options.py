@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .errors import UsageError
@@ -12,6 +13,9 @@ from .targets import TargetOptions
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
 UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their work (fewer with --max-memory/32)
+# --param keys and values: what the kernel table uses; anything else (a newline, a quote) would reach the
+# manifest, the model card and messages
+PARAM_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def resolve_device(device: str) -> str:
@@ -56,6 +60,10 @@ class ConvertOptions:
             raise UsageError(f"--writers {writers}: expected 1 or more shards written at once (or leave it out: auto)")
         if type(ep_size) is not int or ep_size < 1:
             raise UsageError(f"--ep-size {ep_size}: must be 1 or more (the number of expert-parallel ranks)")
+        for key, value in (params or {}).items():
+            if not all(isinstance(t, str) and PARAM_TEXT.fullmatch(t) for t in (key, value)):
+                raise UsageError(f"--param {key!r}={value!r}: keys and values are letters, digits, '_', '.' and '-'; "
+                                 "fimoe-convert targets lists each target's parameters")
         shard_bytes = parse_size(shard_size, "--shard-size")
         memory_bytes = parse_size(max_memory, "--max-memory")
         kernel = get_kernel(target)

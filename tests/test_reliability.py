@@ -26,7 +26,6 @@ import pytest
 import test_source as damage
 from click.testing import CliRunner
 
-import fimoe_convert.cli as cli_mod
 from fimoe_convert.files import safetensors as sio
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
@@ -87,13 +86,22 @@ def assert_not_complete(out: Path) -> None:
     assert not list(out.glob("*" + sio.TMP_SUFFIX)), list(out.iterdir())
 
 
-def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
+PROGRESS_LINE = re.compile(r"^[A-Za-z ]+: [\d.]+ [kMGT]?B of [\d.]+ [kMGT]?B \(\d+%\)")  # console.Progress without a tty
+
+
+def refused(r, match: str, code: int = 1) -> str:
+    """The CLI result `r` is exactly one `error:` line matching `match`, exit `code`, no traceback; the line."""
     assert r.exit_code == code, (r.exit_code, r.output, r.exception)
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert "Traceback" not in r.output
-    lines = r.stderr.splitlines()
+    lines = [line for line in r.stderr.splitlines() if not PROGRESS_LINE.match(line)]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert re.search(match, lines[0]), (match, lines[0])
+    return lines[0]
+
+
+def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
+    refused(r, match, code)
     assert_not_complete(out)
 
 
@@ -195,8 +203,8 @@ BAD_INPUTS = [(f, m) for f, m in damage.CASES] + [
     (config_field_missing, r"config\.json.*moe_intermediate_size is None; expected a positive integer"),
     (config_contradicts_tensors, r"^error: 192 routed-expert tensors do not match config\.json, e\.g\. tensor "
                                  r"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[128, 128\], expected I8 \[256, 128\]"),
-    (index_names_dot, r"shard file name '\.' is not a plain relative path"),
-    (index_names_nul, r"shard file name 'a\\x00b\.safetensors' is not a plain relative path"),
+    (index_names_dot, r"shard name '\.' is not a plain relative path"),
+    (index_names_nul, r"shard name 'a\\x00b\.safetensors' is not a plain relative path"),
     (symlink_loop, r"shard 'loop\.safetensors' cannot be resolved"),
     (header_big_int, r"model-00002-of-00004\.safetensors: header is not valid JSON \(ValueError: Exceeds the limit"),
     (header_deep_nesting, r"model-00002-of-00004\.safetensors: header is not valid JSON \(RecursionError"),
@@ -402,17 +410,19 @@ def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypat
     assert cli("verify", out).exit_code == 0
 
 
-def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
-    """SIGINT (Ctrl-C) to the real CLI mid-conversion. The conversion proper takes ~0.2 s after ~2 s of start-up,
-    so the child is frozen (SIGSTOP) as soon as its first manifest appears, checked to be mid-run, then sent
-    SIGINT and continued; a run that got past its end before the freeze is tried again."""
-    out = tmp_path / "out"
+def run_and_signal(src: Path, out: Path, signum: int) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the real CLI converting `src` into `out`, sent `signum` mid-conversion. The
+    conversion proper takes ~0.2 s after ~2 s of start-up, so the child is frozen (SIGSTOP) as soon as its first
+    manifest appears, checked to be mid-run, then signalled and continued; a run that got past its end before
+    the freeze is tried again."""
     for _attempt in range(5):
         shutil.rmtree(out, ignore_errors=True)
-        # SIG_DFL: a test run started in the background (`pytest &`) ignores SIGINT, and children inherit that
-        proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB",
+        # SIG_DFL: a test run started in the background (`pytest &`, nohup) ignores SIGINT (SIGHUP), and children
+        # inherit that
+        proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(src), str(out), "--shard-size", "1MB",
                                  "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in
+                                                    (signal.SIGINT, signal.SIGHUP)])
         t0 = time.monotonic()
         while proc.poll() is None and not (out / MANIFEST).exists() and time.monotonic() - t0 < 60:
             time.sleep(0.0005)
@@ -423,15 +433,20 @@ def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
             except (OSError, ValueError):
                 mid_run = True  # the first manifest is being renamed into place
             if mid_run:
-                os.kill(proc.pid, signal.SIGINT)
+                os.kill(proc.pid, signum)
             os.kill(proc.pid, signal.SIGCONT)
             if mid_run:
-                break
+                stdout, stderr = proc.communicate(timeout=60)
+                return proc.returncode, stdout, stderr
         proc.communicate(timeout=60)
-    else:
-        pytest.fail("5 runs finished before they could be interrupted")
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (proc.returncode, stderr)
+    pytest.fail("5 runs finished before they could be interrupted")
+
+
+def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
+    """SIGINT (Ctrl-C) to the real CLI mid-conversion: exit 130, one line, resumable."""
+    out = tmp_path / "out"
+    code, stdout, stderr = run_and_signal(tiny_ckpt, out, signal.SIGINT)
+    assert code == 130, (code, stderr)
     assert stderr == INTERRUPTED + "\n" and stdout == ""
     assert_not_complete(out)
     r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "-q")
@@ -577,7 +592,8 @@ def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_
     seen = []
     real = conv.hash_inputs
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(conv, "hash_inputs", lambda source, files, n: seen.append(n) or real(source, files, n))
+    monkeypatch.setattr(conv, "hash_inputs", lambda source, files, n, *more: seen.append(n) or real(source, files, n,
+                                                                                                      *more))
     conv.convert(str(tiny_ckpt), str(tmp_path / "out"), target, shard_size="200KB", writers=writers)
     assert seen == [threads]
 

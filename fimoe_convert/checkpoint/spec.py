@@ -75,43 +75,76 @@ class ModelSpec:
         return d
 
 
-def _text_config(config: dict) -> dict:
-    return config.get("text_config") or config
+# Sane absolute caps on what config.json declares (the largest V4 has 384 experts, 61 layers, hidden 7168): no
+# count or size above them is a real checkpoint, and each is used to size lists and shapes.
+MAX_FIELD = {"hidden_size": 1 << 20, "moe_intermediate_size": 1 << 20, "n_routed_experts": 1 << 16,
+             "num_experts_per_tok": 1 << 16, "num_hidden_layers": 1 << 12, "num_hash_layers": 1 << 12,
+             "num_nextn_predict_layers": 1 << 6, "first_k_dense_replace": 1 << 12}
+MAX_BLOCK = 1 << 16  # rows or columns of one quantization block
+
+
+def _obj(value) -> dict:
+    """`value` if it is a JSON object, else {} (its type is reported where it is read)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def model_spec_from_config(config: dict, where: str = "config.json") -> ModelSpec:
-    """Read the geometry of a DeepSeek V4 / V4.1 config; every missing or bad field at once."""
+    """Read the geometry of a DeepSeek V4 / V4.1 config; every missing or bad field at once. Any JSON value gives
+    a ModelSpec or a ValidationError naming the field, nothing else."""
+    if not isinstance(config, dict):
+        raise ValidationError([f"{where}: is {type(config).__name__}; expected a JSON object"])
     problems: list[str] = []
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValidationError([f"{where}: model_type is {model_type!r}; expected one of "
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+        raise ValidationError([f"{where}: model_type is {_shown(model_type)}; expected one of "
                                f"{', '.join(MODEL_TYPES)} (a DeepSeek V4 checkpoint)"])
     dialect = MODEL_TYPES[model_type]
-    text = _text_config(config) if dialect == "v4.1" else config
-    qcfg = config.get("quantization_config") or text.get("quantization_config") or {}
+    text = config
+    if dialect == "v4.1" and config.get("text_config") is not None:
+        text = config["text_config"]
+        if not isinstance(text, dict):
+            raise ValidationError([f"{where}: text_config is {_shown(text)}; expected an object (V4.1 nests the "
+                                   "text model under it)"])
+        text = text or config
+    for key, holder in [("quantization_config", config)] + ([] if text is config else
+                                                            [("text_config.quantization_config", text)]):
+        value = holder.get("quantization_config")
+        if value is not None and not isinstance(value, dict):
+            problems.append(f"{where}: {key} is {_shown(value)}; expected an object")
+    qcfg = _obj(config.get("quantization_config")) or _obj(text.get("quantization_config"))
     values: dict[str, int] = {}
     for key in REQUIRED_FIELDS:
         v = text.get(key)
-        if type(v) is not int or v <= 0:
-            problems.append(f"{where}: {key} is {v!r}; expected a positive integer")
-        values[key] = v if type(v) is int else 0
+        if type(v) is not int or not 0 < v <= MAX_FIELD[key]:
+            problems.append(f"{where}: {key} is {_shown(v)}; expected a positive integer"
+                            + (f" of at most {MAX_FIELD[key]}" if type(v) is int and v > 0 else ""))
+            v = 0
+        values[key] = v
     optional = {}
     for key in ("num_hash_layers", "num_nextn_predict_layers", "first_k_dense_replace"):
         v = text.get(key, 0)
-        if type(v) is not int or v < 0:
-            problems.append(f"{where}: {key} is {v!r}; expected a non-negative integer")
+        if type(v) is not int or not 0 <= v <= MAX_FIELD[key]:
+            problems.append(f"{where}: {key} is {_shown(v)}; expected a non-negative integer"
+                            + (f" of at most {MAX_FIELD[key]}" if type(v) is int and v > 0 else ""))
             v = 0
         optional[key] = v
     if dialect == "v4.1":
         expert_dtype = qcfg.get("expert_dtype", text.get("expert_dtype"))
     else:
         expert_dtype = text.get("expert_dtype", qcfg.get("expert_dtype"))
-    expert_dtype = expert_dtype or "fp8"  # Base checkpoints omit it and ship FP8 experts
-    if expert_dtype not in ("fp4", "fp8"):
-        problems.append(f"{where}: expert_dtype is {expert_dtype!r}; expected 'fp4' or 'fp8'")
+    expert_dtype = "fp8" if expert_dtype is None else expert_dtype  # Base checkpoints omit it and ship FP8 experts
+    if not isinstance(expert_dtype, str) or expert_dtype not in ("fp4", "fp8"):
+        problems.append(f"{where}: expert_dtype is {_shown(expert_dtype)}; expected 'fp4' or 'fp8'")
+        expert_dtype = "fp8"
     block = qcfg.get("weight_block_size", [FP8_BLOCK, FP8_BLOCK])
-    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-        problems.append(f"{where}: quantization_config.weight_block_size is {block!r}; expected [rows, cols]")
+    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and 0 < b <= MAX_BLOCK for b in block)):
+        problems.append(f"{where}: quantization_config.weight_block_size is {_shown(block)}; expected [rows, cols] "
+                        f"(positive integers of at most {MAX_BLOCK})")
         block = [FP8_BLOCK, FP8_BLOCK]
     h, i = values["hidden_size"], values["moe_intermediate_size"]
     if expert_dtype == "fp4":
@@ -121,9 +154,13 @@ def model_spec_from_config(config: dict, where: str = "config.json") -> ModelSpe
     e, k = values["n_routed_experts"], values["num_experts_per_tok"]
     if e and k and k > e:
         problems.append(f"{where}: num_experts_per_tok is {k}; expected at most n_routed_experts ({e})")
-    if optional["first_k_dense_replace"] > values["num_hidden_layers"]:
+    if values["num_hidden_layers"] and optional["first_k_dense_replace"] > values["num_hidden_layers"]:
         problems.append(f"{where}: first_k_dense_replace is {optional['first_k_dense_replace']}; "
                         f"expected at most num_hidden_layers ({values['num_hidden_layers']})")
+    architectures = config.get("architectures") or []
+    if not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        problems.append(f"{where}: architectures is {_shown(architectures)}; expected a list of class names")
+        architectures = []
     if problems:
         raise ValidationError(problems)
     return ModelSpec(
@@ -131,8 +168,45 @@ def model_spec_from_config(config: dict, where: str = "config.json") -> ModelSpe
         n_routed_experts=e, num_experts_per_tok=k, num_hidden_layers=values["num_hidden_layers"],
         num_hash_layers=optional["num_hash_layers"], num_nextn_predict_layers=optional["num_nextn_predict_layers"],
         first_k_dense_replace=optional["first_k_dense_replace"], expert_dtype=expert_dtype,
-        weight_block_size=tuple(block), architectures=tuple(config.get("architectures") or ()),
+        weight_block_size=tuple(block), architectures=tuple(architectures),
     )
+
+
+_BLOCK_RE = re.compile(r"^(layers|mtp)\.(\d+)\.")
+
+
+def check_counts(spec: ModelSpec, names, where: str = "config.json") -> list[str]:
+    """Counts config.json declares against the tensor `names` present (the index): layers, MTP blocks and, where
+    there are MoE blocks, experts. Run before anything loops over the declared counts, so that a config declaring
+    10^7 experts fails here in one line instead of growing lists."""
+    present: dict[str, set[int]] = {"layers": set(), "mtp": set()}
+    experts: set[int] = set()
+    for name in names:
+        m = _BLOCK_RE.match(name)
+        if m:
+            present[m[1]].add(int(m[2]))
+        key = parse_expert_name(name)
+        if key is not None:
+            experts.add(key.expert)
+    problems = []
+    declared = (("num_hidden_layers", spec.num_hidden_layers, "layers", "layers"),
+                ("num_nextn_predict_layers", spec.num_nextn_predict_layers, "mtp", "MTP blocks"))
+    for key, n, prefix, what in declared:
+        if n > len(present[prefix]):
+            problems.append(f"{where}: {key} is {n}, but the index holds {_count(present[prefix], prefix, what)}; "
+                            "the checkpoint is incomplete or config.json declares more than it holds")
+    moe_blocks = spec.num_hidden_layers - spec.first_k_dense_replace + spec.num_nextn_predict_layers
+    if moe_blocks and spec.n_routed_experts > len(experts):
+        problems.append(f"{where}: n_routed_experts is {spec.n_routed_experts}, but the index holds "
+                        f"{_count(experts, 'experts', 'routed experts')}; the checkpoint is incomplete or "
+                        "config.json declares more experts than it holds")
+    return problems
+
+
+def _count(ids: set[int], prefix: str, what: str) -> str:
+    if not ids:
+        return f"no {what}"
+    return f"{len(ids)} {what} ({prefix}.{min(ids)} to {prefix}.{max(ids)})"
 
 
 def leg_shape(spec: ModelSpec, leg: str) -> tuple[int, int]:

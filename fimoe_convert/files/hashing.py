@@ -16,10 +16,11 @@ CORES_PER_HASH = 1  # hashing threads for verify and resume: one per core (each 
 
 class ParallelHashes:
     """`digest(key)` for every key on `threads` threads, largest first (`size(key)`) so that the threads end
-    together; `result()` waits and returns {key: digest}, or raises the first error."""
+    together; `on_result(key, digest)` as each finishes; `result()` waits and returns {key: digest}, or raises
+    the first error."""
 
     def __init__(self, keys: list[Hashable], digest: Callable[[Hashable], str | None], threads: int,
-                 size: Callable[[Hashable], int]):
+                 size: Callable[[Hashable], int], on_result: Callable[[Hashable, str | None], None] | None = None):
         self.hashes: dict = {}
         self.errors: list[BaseException] = []
         todo = sorted(keys, key=lambda k: -size(k))
@@ -33,6 +34,8 @@ class ParallelHashes:
                     key = todo.pop(0)
                 try:
                     value = digest(key)
+                    if on_result is not None:
+                        on_result(key, value)
                 except BaseException as e:  # noqa: BLE001 - raised by result()
                     self.errors.append(e)
                     return

@@ -31,6 +31,27 @@ IO_BLOCK = 16 * 2**20  # bytes per read/write call when streaming large tensors
 STAGE_BLOCKS = 3  # staging blocks of IO_BLOCK bytes per shard writer: one filling, two writing/hashing
 DIRECT_ALIGN = 4096  # bytes: O_DIRECT wants buffer address, file offset and length aligned to this
 
+# Temporary files this process is writing, registered before they are created: a run that fails or is
+# interrupted (even between a temporary's creation and the code that would delete it) removes them all.
+_TEMPS: set[Path] = set()
+_TEMPS_LOCK = threading.Lock()
+
+
+def _track(tmp: Path, on: bool) -> None:
+    with _TEMPS_LOCK:
+        (_TEMPS.add if on else _TEMPS.discard)(tmp)
+
+
+def remove_own_temporaries(folder: Path) -> None:
+    """Delete every temporary file this process created in `folder` and has not renamed or deleted yet (call
+    once no writer runs any more)."""
+    folder = Path(folder)
+    with _TEMPS_LOCK:
+        mine = [p for p in _TEMPS if p.parent == folder]
+    for p in mine:
+        p.unlink(missing_ok=True)
+        _track(p, False)
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One header entry; offsets are absolute file offsets."""
@@ -473,14 +494,16 @@ class ShardWriter:
         self._next = 0
         self._left = 0
         self._done = False
+        self._out: _StagedFile | None = None
+        _track(self.tmp, True)
         try:
-            f = open(self.tmp, "wb", buffering=0, opener=_direct_opener)
-        except OSError as e:
-            raise write_failed(self.path, e) from e
-        self._out = _StagedFile(f, self.path)
-        try:
+            try:
+                f = open(self.tmp, "wb", buffering=0, opener=_direct_opener)
+            except OSError as e:
+                raise write_failed(self.path, e) from e
+            self._out = _StagedFile(f, self.path)
             self._out.write(_as_bytes(build_header(self.planned, metadata)))
-        except BaseException:
+        except BaseException:  # Ctrl-C included: the temporary goes, whatever step it was at
             self.abort()
             raise
 
@@ -521,6 +544,7 @@ class ShardWriter:
         try:
             os.replace(self.tmp, self.path)
             self._done = True
+            _track(self.tmp, False)
             fsync_dir(self.path.parent)
         except OSError as e:
             raise write_failed(self.path, e) from e
@@ -529,9 +553,11 @@ class ShardWriter:
     def abort(self) -> None:
         """Stop the threads, close and delete the temporary file (a failed flush of discarded bytes is ignored)."""
         try:
-            self._out.abort()
+            if self._out is not None:
+                self._out.abort()
         finally:
             self.tmp.unlink(missing_ok=True)
+            _track(self.tmp, False)
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -565,19 +591,28 @@ def sha256_file(path: Path, block: int = IO_BLOCK, on_bytes=None) -> str:
 
 def atomic_write_bytes(path: Path, data: bytes) -> WrittenFile:
     """Write `data` to `path` through a temporary name, fsync and rename."""
+    atomic_write_stream(path, lambda f: f.write(data))
+    return WrittenFile(len(data), hashlib.sha256(data).hexdigest())
+
+
+def atomic_write_stream(path: Path, fill) -> None:
+    """Write `path` through a temporary name: `fill(f)` writes into the open binary file; then fsync and
+    rename. The temporary is removed on any failure, Ctrl-C included."""
     path = Path(path)
     tmp = path.with_name(path.name + TMP_SUFFIX)
+    _track(tmp, True)
     try:
         try:
             with open(tmp, "wb") as f:
-                f.write(data)
+                fill(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            _track(tmp, False)
         fsync_dir(path.parent)
     except OSError as e:
         raise write_failed(path, e) from e
-    return WrittenFile(len(data), hashlib.sha256(data).hexdigest())

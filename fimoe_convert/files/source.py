@@ -3,15 +3,18 @@ validated before any tensor data is read; tensors read by name from whichever sh
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from datetime import datetime, timezone
+from pathlib import Path
 
-from ..checkpoint import (EXPERT_LEGS, ModelSpec, expected_expert_tensors, model_spec_from_config, natural_key,
-                          parse_expert_name)
+from ..checkpoint import (EXPERT_LEGS, ModelSpec, check_counts, expected_expert_tensors, model_spec_from_config,
+                          natural_key, parse_expert_name)
 from ..errors import InputError, UsageError, ValidationError
+from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
+from .output import is_tool_name
+from .paths import name_problem
 from .safetensors import INDEX_NAME, SINGLE_NAME, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
 
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
@@ -19,6 +22,13 @@ HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_EXAMPLES = 3  # missing tensors named per block in an error
+METADATA_MAX_BYTES = 4096  # a `hf download --local-dir` metadata file is three short lines
+# The fields of config.json whose type the code relies on before the model spec checks the rest.
+CONFIG_SCHEMA = Obj(optional={"quantization_config": Nullable(Obj()), "architectures": Nullable(ListOf(str)),
+                              "text_config": Nullable(Obj(optional={"quantization_config": Nullable(Obj())})),
+                              "model_type": Any})
+INDEX_SCHEMA = Obj({"weight_map": MapOf(str)}, {"metadata": Nullable(Obj())})
+SAME_FILE = ("size", "mtime_ns", "inode")  # equal in two identity records: the same file, unchanged, not read again
 
 
 @dataclass(frozen=True)
@@ -29,7 +39,10 @@ class FileRecord:
 
 @dataclass
 class Source:
-    """A validated checkpoint. `spec` is SRC as the user gave it (recorded, never resolved)."""
+    """A validated checkpoint. `spec` is SRC as the user gave it (recorded, never resolved); `allowed` is where
+    its files may resolve to (a Hub snapshot's blobs lie beside it); `skipped`: files of SRC named like the
+    tool's own (`fimoe-manifest.json`, ...), never read nor copied; `identities`: each input file's identity
+    (IDENTITY) when it was opened."""
 
     spec: str
     root: Path
@@ -40,6 +53,9 @@ class Source:
     weight_map: dict[str, str]
     headers: dict[str, Header]
     extra_files: list[str]
+    allowed: Path | None = None
+    skipped: list[str] = field(default_factory=list)
+    identities: dict[str, dict] = field(default_factory=dict)
     _known_sha: dict[str, str] = field(default_factory=dict)
 
     def info(self, name: str) -> TensorInfo:
@@ -74,18 +90,23 @@ class Source:
             names.add(INDEX_NAME)
         return sorted(names)
 
-    def file_record(self, rel: str, compute_hash: bool = True) -> FileRecord:
-        """Size and sha256 of an input file. No hashing for a Hub cache blob (named by its sha256) or a file that
-        `hf download --local-dir` recorded and that has not changed since."""
-        path = self.root / rel
-        size = path.stat().st_size
+    def known_sha256(self, rel: str) -> str | None:
+        """The sha256 of an input file where it is known without reading the file: hashed earlier in this run,
+        a Hub cache blob (named by its sha256), or a file `hf download --local-dir` recorded and that has not
+        changed since; else None."""
         sha = self._known_sha.get(rel)
+        path = self.root / rel
         if sha is None and path.is_symlink():
             target = Path(os.readlink(path)).name
             if _SHA256_RE.match(target):
                 sha = target
-        if sha is None:
-            sha = local_dir_sha256(self.root, rel)
+        return sha or local_dir_sha256(self.root, rel)
+
+    def file_record(self, rel: str, compute_hash: bool = True) -> FileRecord:
+        """Size and sha256 of an input file (hashed only when not known without reading it)."""
+        path = self.root / rel
+        size = path.stat().st_size
+        sha = self.known_sha256(rel)
         if sha is None and compute_hash:
             sha = sha256_file(path)
             self._known_sha[rel] = sha
@@ -94,6 +115,42 @@ class Source:
     def non_expert_tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """name -> (safetensors dtype, shape) of every tensor but the routed experts, in the index's order."""
         return {n: (self.info(n).dtype, self.info(n).shape) for n in self.weight_map if parse_expert_name(n) is None}
+
+    def identity(self, rel: str) -> dict:
+        """{size, mtime_ns, inode, dev} of an input file now (links followed: a Hub blob's own)."""
+        st = (self.root / rel).stat()
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "dev": st.st_dev}
+
+    def hash_input(self, rel: str) -> str:
+        """The sha256 of an input file, refused (InputError naming the file) when the file is not the one opened:
+        its identity is compared before and after the hash."""
+        where = self.root / rel
+        try:
+            before = self.identity(rel)
+            sha = self.file_record(rel).sha256
+            after = self.identity(rel)
+        except OSError as e:
+            raise InputError(f"{where}: cannot read it to record its sha256 ({e.strerror}); the source changed "
+                             "during the conversion: restore it and convert again with --overwrite") from None
+        first = self.identities.get(rel, before)
+        if before != first or after != first:
+            raise InputError(f"{where}: changed while the conversion ran ({identity_change(first, after)}); the "
+                             "shards written so far may hold its old bytes: convert again with --overwrite once "
+                             "the source stays unchanged")
+        return sha
+
+    def check_unchanged(self) -> None:
+        """Refuse (InputError naming the first) an input that is no longer the file opened: the output may hold a
+        mix of its old and new bytes."""
+        for rel, first in sorted(self.identities.items()):
+            try:
+                now = self.identity(rel)
+            except OSError as e:
+                now = {"size": None, "error": e.strerror}
+            if now != first:
+                raise InputError(f"{self.root / rel}: changed while the conversion ran "
+                                 f"({identity_change(first, now)}); the output may hold its old bytes: convert again "
+                                 "with --overwrite once the source stays unchanged")
 
     def file_size(self, rel: str) -> int:
         """Bytes of an input file, 0 if it cannot be read (the error comes when it is read)."""
@@ -107,6 +164,27 @@ class Source:
         return sum(h.file_size for h in self.headers.values())
 
 
+def identity_change(old: dict, new: dict) -> str:
+    """What differs between two identity records, in words ('size 10 -> 11 bytes, modified ...')."""
+    def when(ns) -> str:
+        if type(ns) is not int:
+            return "unknown"
+        try:
+            return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+        except (OverflowError, OSError, ValueError):
+            return str(ns)
+
+    parts = []
+    if old.get("size") != new.get("size"):
+        parts.append(f"size {old.get('size')} -> {new.get('size')} bytes")
+    if old.get("mtime_ns") != new.get("mtime_ns"):
+        parts.append(f"modified {when(new.get('mtime_ns'))}, recorded {when(old.get('mtime_ns'))}")
+    if old.get("inode") != new.get("inode") or old.get("dev") != new.get("dev"):
+        parts.append("replaced by another file (inode "
+                     f"{old.get('inode')} -> {new.get('inode')})")
+    return ", ".join(parts) or "no identity recorded"
+
+
 # What `hf download --local-dir` leaves beside each file: commit, etag (an LFS file's sha256), download time.
 LOCAL_DIR_METADATA = ".cache/huggingface/download/{rel}.metadata"
 
@@ -117,10 +195,11 @@ def local_dir_sha256(root: Path, rel: str) -> str | None:
     Read here without huggingface_hub's reader, which takes a lock file and deletes bad metadata: SRC is only read."""
     meta = root / LOCAL_DIR_METADATA.format(rel=rel)
     try:
-        lines = meta.read_text().splitlines()
+        with open(meta, "rb") as f:
+            lines = f.read(METADATA_MAX_BYTES).decode("utf-8").splitlines()
         etag, stamp = lines[1].strip(), float(lines[2])
         fresh = (root / rel).stat().st_mtime - 1 <= stamp
-    except (OSError, IndexError, ValueError):
+    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     return etag if fresh and _SHA256_RE.match(etag) else None
 
@@ -173,67 +252,50 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool) -> tuple
     return snap, allowed, spec, commit
 
 
-def _check_rel_path(rel: str, root: Path, allowed: Path, where: str) -> str | None:
-    """Problem text when `rel` (from the index) could leave the snapshot, else None."""
-    p = PurePosixPath(rel)
-    if (not rel or not p.parts or p.is_absolute() or "\\" in rel or "\0" in rel
-            or any(part in ("..", "") for part in rel.split("/")) or ":" in p.parts[0]):
-        return f"{where}: shard file name {rel!r} is not a plain relative path inside the checkpoint; refusing it"
-    full = root / rel
-    try:
-        resolved = full.resolve(strict=False)
-    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
-        return f"{where}: shard {rel!r} cannot be resolved ({getattr(e, 'strerror', None) or 'symlink loop'})"
-    if not resolved.is_relative_to(allowed):
-        return f"{where}: shard {rel!r} is a link to {resolved}, outside the checkpoint folder {allowed}; refusing it"
-    return None
-
-
-def _load_json(path: Path, what: str) -> dict:
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found; expected a DeepSeek V4 checkpoint folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: {what} is not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{path}: {what} is a JSON {type(obj).__name__}; expected an object")
-    return obj
-
-
 def open_source(spec: str, revision: str | None = None, offline: bool = False) -> Source:
     """Resolve SRC and validate everything that can be checked without reading tensor data."""
     root, allowed, repo_id, commit = resolve_source_root(spec, revision, offline)
-    config = _load_json(root / "config.json", "config.json")
+    fix = "the checkpoint is damaged or not a DeepSeek V4 checkpoint: fetch or copy it again"
+    config = read_json(root / "config.json", "config", CONFIG_SCHEMA, fix=fix,
+                       missing="expected a DeepSeek V4 checkpoint folder")
     model = model_spec_from_config(config, where=str(root / "config.json"))
     problems: list[str] = []
     index_path = root / INDEX_NAME
     if index_path.exists():
-        index = _load_json(index_path, "index")
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise InputError(f"{index_path}: weight_map must map tensor names to shard file names")
+        weight_map = read_json(index_path, "index", INDEX_SCHEMA, fix=fix)["weight_map"]
     elif (root / SINGLE_NAME).exists():
         weight_map = {n: SINGLE_NAME for n in read_header(root / SINGLE_NAME).tensors}
     else:
         raise InputError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found; expected a safetensors checkpoint")
     where = str(index_path)
+    # Counts in config.json against the names present, before anything loops over what it declares.
+    raise_if(check_counts(model, weight_map, str(root / "config.json")))
 
     headers: dict[str, Header] = {}
+    bad: list[str] = []
+    missing: list[str] = []
     for rel in sorted(set(weight_map.values())):
-        bad = _check_rel_path(rel, root, allowed, where)
-        if bad:
-            problems.append(bad)
-            continue
-        if not (root / rel).exists():
-            hint = ("the Hub snapshot is incomplete: run again without --offline to finish the download"
-                    if repo_id else "copy the missing file into the folder")
-            problems.append(f"{where}: names shard {rel!r}, which does not exist; {hint}")
-            continue
+        problem = name_problem(rel, root, where, "shard", "the checkpoint", allowed)
         try:
-            headers[rel] = read_header(root / rel, where=str(root / rel))
-        except InputError as e:
-            problems.append(str(e))
+            present = problem is None and (root / rel).exists()
+        except OSError as e:  # the rule keeps names the system refuses out; this is the last guard
+            problem = f"{where}: shard {rel!r} cannot be looked up ({e.strerror})"
+        if problem:
+            bad.append(problem)
+        elif not present:
+            missing.append(rel)
+        else:
+            try:
+                headers[rel] = read_header(root / rel, where=str(root / rel))
+            except InputError as e:
+                problems.append(str(e))
+    problems[:0] = summarized(bad, "shard names of the index are refused")
+    if missing:
+        hint = ("the Hub snapshot is incomplete: run again without --offline to finish the download"
+                if repo_id else "copy the missing file into the folder")
+        names = ", ".join(repr(m) for m in missing[:MAX_EXAMPLES])
+        problems.append(f"{where}: names shard {names}, which does not exist; {hint}" if len(missing) == 1 else
+                        f"{where}: names {len(missing)} shards that do not exist, e.g. {names}; {hint}")
     raise_if(problems)
 
     owner: dict[str, str] = {}
@@ -249,16 +311,32 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False) -
     for name, rel in sorted(owner.items()):
         if name not in weight_map:
             problems.append(f"{root / rel}: holds tensor {name!r}, which the index does not list")
-    raise_if(problems)
+    raise_if(summarized(problems, "disagreements between the index and the shard headers"))
     tensors = {name: headers[rel].tensors[name] for name, rel in weight_map.items()}
     problems += check_experts(model, tensors)
     raise_if(problems)
 
-    extra = sorted(p.name for p in root.iterdir()
-                   if p.is_file() and not p.name.startswith(".") and p.name not in ("config.json", INDEX_NAME)
-                   and not p.name.endswith(".safetensors") and p.resolve().is_relative_to(allowed))
-    return Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
-                  weight_map=dict(weight_map), headers=headers, extra_files=extra)
+    extra, skipped = [], []
+    for p in sorted(root.iterdir()):
+        if (p.is_file() and not p.name.startswith(".") and p.name not in ("config.json", INDEX_NAME)
+                and not p.name.endswith(".safetensors") and p.resolve().is_relative_to(allowed)):
+            (skipped if is_tool_name(p.name) else extra).append(p.name)  # never copy a name OUT's files have
+    source = Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
+                    weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped)
+    try:
+        source.identities = {rel: source.identity(rel) for rel in source.input_files()}
+    except OSError as e:
+        raise InputError(f"{e.filename}: cannot read it ({e.strerror}); the source changed while it was opened, "
+                         "run again once it stays unchanged") from None
+    return source
+
+
+def summarized(problems: list[str], what: str, most: int = 20) -> list[str]:
+    """`problems` as they are, or, when there are more than `most` (a hostile index can name a million
+    shards), the first few and one line counting the rest."""
+    if len(problems) <= most:
+        return problems
+    return problems[:MAX_EXAMPLES] + [f"and {len(problems) - MAX_EXAMPLES} more {what}"]
 
 
 def raise_if(problems: list[str]) -> None:

@@ -16,6 +16,9 @@ import torch
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
 
 _STORED_AS_BYTES = {torch.float4_e2m1fn_x2}
+# Packages whose dataclasses a stored structure may name: a structure read from a manifest (possibly downloaded)
+# must not make the loader import whatever module it names.
+DATACLASS_PACKAGES = ("flashinfer",)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -72,6 +75,9 @@ def unflatten(node: dict, tensors: dict[str, torch.Tensor]):
         return node["value"]
     if "dataclass" in node:
         module, qualname = node["dataclass"].split(":")
+        if module.split(".")[0] not in DATACLASS_PACKAGES:
+            raise ValueError(f"dataclass {node['dataclass']!r} is not from {', '.join(DATACLASS_PACKAGES)}; "
+                             "refusing to import its module")
         cls = importlib.import_module(module)
         for part in qualname.split("."):
             cls = getattr(cls, part)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..files.output import read_manifest, read_output_tensors
+from ..files.output import MANIFEST_NAME, read_manifest, read_output_tensors
 from ..numerics.structure import tensor_names, unflatten
 
 
@@ -35,7 +35,14 @@ class Manifest:
         if str(rank) not in ranks:
             raise InputError(f"{self.out_dir}: rank {rank} not in this output, which was sharded for "
                              f"--ep-size {self.ep_size} (ranks 0..{self.ep_size - 1})")
-        return ranks[str(rank)]
+        rec = ranks[str(rank)]
+        if not isinstance(rec, dict) or not isinstance(rec.get("structure"), dict):
+            raise self.damaged(f"layers[{layer!r}][{str(rank)!r}] has no structure object")
+        return rec
+
+    def damaged(self, what: str) -> InputError:
+        return InputError(f"{self.out_dir / MANIFEST_NAME}: {what}; the manifest is damaged: convert into "
+                          f"{self.out_dir} again with --overwrite")
 
 
 def load_manifest(out_dir: str | Path) -> Manifest:
@@ -55,8 +62,17 @@ def load_transformed_weights(out_dir: str | Path | Manifest, layer: str, rank: i
         raise InputError(f"{m.out_dir}: target {m.target['name']!r} has no kernel-ready weights to load; "
                          "convert with a FlashInfer target (fimoe-convert targets)")
     structure = m.block(layer, rank)["structure"]
-    tensors = read_output_tensors(m.out_dir, tensor_names(structure), device=device)
-    return unflatten(structure, tensors)
+    try:
+        names = tensor_names(structure)
+    except (KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise m.damaged(f"the structure of {layer!r} rank {rank} is not one fimoe-convert writes "
+                        f"({e.__class__.__name__}: {e})") from None
+    tensors = read_output_tensors(m.out_dir, names, device=device)
+    try:
+        return unflatten(structure, tensors)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, ImportError) as e:
+        raise m.damaged(f"the structure of {layer!r} rank {rank} cannot be rebuilt "
+                        f"({e.__class__.__name__}: {e})") from None
 
 
 def load_megamoe_weights(out_dir: str | Path | Manifest, layer: str, rank: int = 0, device: str = "cpu"

@@ -5,7 +5,7 @@
     python3 scripts/reliability/fuzz_headers.py --engine atheris [--examples 100000]    # coverage-guided (libFuzzer)
 
 Targets: `fimoe_convert.files.safetensors.parse_header` on in-memory files (the bulk), `read_header` on
-real temporary files (a subset), and the index path check `source._check_rel_path` (path safety).
+real temporary files (a subset), and the path rule `paths.name_problem` (path safety).
 Hypothesis strategies, each with a share of the examples:
 
 - structured: headers built from dtypes/shapes/offsets that are valid, then perturbed (a wrong
@@ -17,7 +17,7 @@ Hypothesis strategies, each with a share of the examples:
 - raw: arbitrary bytes as the whole file;
 - file: the structured/raw inputs written to a temporary file and read back with `read_header`;
 - paths: random index shard names (`..`, absolute, backslashes, drive letters, NUL, links) for
-  `_check_rel_path`: accepted names must resolve inside the checkpoint folder.
+  `name_problem`: accepted names must resolve inside the checkpoint folder.
 
 For accepted headers it also checks the promises: tensors contiguous from the data start to the end
 of the file, inside it, and bytes == shape x dtype. Prints the number of inputs and the duration.
@@ -92,10 +92,10 @@ def read_one(raw: bytes, folder: Path) -> str:
 
 
 def path_one(rel: str, root: Path, allowed: Path) -> str:
-    from fimoe_convert.files.source import _check_rel_path
+    from fimoe_convert.files.paths import name_problem
 
     COUNT["n"] += 1
-    problem = _check_rel_path(rel, root, allowed, "index")
+    problem = name_problem(rel, root, "index", "shard", "the checkpoint", allowed)
     if problem is None:
         assert (root / rel).resolve().is_relative_to(allowed), rel
         assert not os.path.isabs(rel) and ".." not in rel.split("/"), rel

@@ -1,0 +1,238 @@
+"""The one loader for every JSON file the tool reads (SRC's config.json and index, OUT's manifest and status
+files): a byte limit per kind of file, a strict parse (UTF-8, no duplicate keys, no NaN or Infinity, integers
+of at most 64 bits), a depth limit, then a small typed schema check. These files may come from anyone (a
+downloaded checkpoint, an OUT fetched from the Hub), so every violation is an InputError naming the file and
+the field, never another exception."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+
+# Bytes per kind of file. The largest real ones: V4-Pro's index ~12 MB (140k tensors); a kernel target's
+# manifest for V4-Pro ~30 MB (tensor structures of 62 blocks x 8 ranks). Ten times that, and no more.
+MAX_BYTES = {"config": 16 << 20, "index": 256 << 20, "manifest": 512 << 20, "status": 256 << 20}
+MAX_DEPTH = 64  # nesting levels; the deepest real file (a FlashInfer structure in the manifest) has < 12
+MAX_INT = 2**63 - 1  # absolute value; larger integers are no count, size or offset of a real file
+MAX_INT_DIGITS = 20  # digits read before the value is even built (json.loads' own cap is 4300)
+
+
+class _Refused(ValueError):
+    """Raised by the parse hooks; turned into an InputError naming the file."""
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS or abs(v := int(text)) > MAX_INT:
+        raise _Refused(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is out of range "
+                       f"(at most {MAX_INT} in absolute value)")
+    return v
+
+
+def _float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise _Refused(f"number {text[:24]} is out of range")
+    return v
+
+
+def _constant(text: str):
+    raise _Refused(f"{text} is not JSON")
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused(f"key {dup[:80]!r} appears twice in one object")
+    return obj
+
+
+def parse_json(data: bytes, where: str, fix: str = "the file is damaged"):
+    """The value in `data` (strict, see the module docstring); errors start with `where` and end with `fix`."""
+    try:
+        value = json.loads(data.decode("utf-8"), object_pairs_hook=_object, parse_int=_int, parse_float=_float,
+                           parse_constant=_constant)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where}: not UTF-8 text (byte {e.start}); {fix}") from None
+    except _Refused as e:
+        raise InputError(f"{where}: {e}; {fix}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the C parser's stack
+        raise InputError(f"{where}: not valid JSON ({e.__class__.__name__}: nested too deep or too long); "
+                         f"{fix}") from None
+    _check_depth_and_text(value, where, fix)
+    return value
+
+
+def _check_depth_and_text(value, where: str, fix: str) -> None:
+    """No nesting deeper than MAX_DEPTH, and every string encodable as UTF-8 (a lone surrogate from a \\ud800
+    escape would fail later, as a file name or in a written file)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            items = list(v.items())
+            for k, _ in items:
+                _check_text(k, where, fix)
+            children = [x for _, x in items]
+        elif isinstance(v, list):
+            children = v
+        else:
+            if isinstance(v, str):
+                _check_text(v, where, fix)
+            continue
+        if depth > MAX_DEPTH:
+            raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; {fix}")
+        stack.extend((x, depth + 1) for x in children if isinstance(x, (dict, list, str)))
+
+
+def _check_text(s: str, where: str, fix: str) -> None:
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"{where}: the string {s[:40]!r} is not valid Unicode (a lone surrogate); {fix}") from None
+
+
+def read_json(path: Path, kind: str, schema=None, *, fix: str = "the file is damaged", missing: str | None = None):
+    """The JSON value of the file `path`, of `kind` (a key of MAX_BYTES), checked against `schema` (see `check`).
+    Every error names the file; `fix` ends those about its content (what to do), `missing` the one for a file
+    that does not exist."""
+    path = Path(path)
+    limit = MAX_BYTES[kind]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise InputError(f"{path}: not found" + (f"; {missing}" if missing else "")) from None
+    except OSError as e:
+        why = e.strerror or e.__class__.__name__
+        raise InputError(f"{path}: cannot read it ({why}); expected a JSON file") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: larger than {limit} bytes, the most a {kind} file may have; {fix}")
+    value = parse_json(data, str(path), fix)
+    if schema is not None:
+        check(value, schema, str(path), fix=fix)
+    return value
+
+
+# ------------------------------------------------------------------------------------------- typed schemas
+#
+# A schema is a scalar kind (a key of SCALARS: `str`, `int` (bool excluded), `bool`, `NonNeg`, `Hex64`, `Any`) or
+# an instance of Obj / MapOf / ListOf / Nullable / OneOf below.
+
+Any = object()
+NonNeg = object()
+Hex64 = object()
+_HEX = frozenset("0123456789abcdef")
+SCALARS = {  # kind: (what a message says it expected, the test)
+    str: ("a string", lambda v: isinstance(v, str)),
+    int: ("an integer", lambda v: type(v) is int),
+    NonNeg: ("an integer >= 0", lambda v: type(v) is int and v >= 0),
+    bool: ("true or false", lambda v: type(v) is bool),
+    Hex64: ("a sha256 (64 hex digits)", lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= _HEX),
+    Any: ("any value", lambda v: True),
+}
+
+
+@dataclass(frozen=True)
+class Obj:
+    """An object with `required` and `optional` fields ({name: schema}); other fields are allowed."""
+
+    required: dict = field(default_factory=dict)
+    optional: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """An object whose every value has schema `value` (keys are strings)."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: object
+
+
+@dataclass(frozen=True)
+class Nullable:
+    inner: object
+
+
+@dataclass(frozen=True)
+class OneOf:
+    values: tuple
+
+
+def describe(schema) -> str:
+    if isinstance(schema, (Obj, MapOf)):
+        return "an object"
+    if isinstance(schema, ListOf):
+        return "a list"
+    if isinstance(schema, Nullable):
+        return f"{describe(schema.inner)} or null"
+    if isinstance(schema, OneOf):
+        return "one of " + ", ".join(repr(v) for v in schema.values)
+    return SCALARS[schema][0]
+
+
+def shown(value) -> str:
+    """A value as an error message shows it: scalars as repr (cut), containers by kind and size."""
+    if isinstance(value, dict):
+        return f"an object ({len(value)} keys)"
+    if isinstance(value, list):
+        return f"a list ({len(value)} items)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field(path: str, key: str) -> str:
+    plain = key.replace("_", "").isalnum() and key.isascii()
+    return (f"{path}.{key}" if path else key) if plain else f"{path}[{key!r}]"
+
+
+def _fits(value, schema) -> bool:
+    if isinstance(schema, (Obj, MapOf)):
+        return isinstance(value, dict)
+    if isinstance(schema, ListOf):
+        return isinstance(value, list)
+    if isinstance(schema, OneOf):
+        return isinstance(value, str) and value in schema.values
+    return SCALARS[schema][1](value)
+
+
+def check(value, schema, where: str, path: str = "", fix: str | None = None) -> None:
+    """Raise an InputError `{where}: {field} is {value}; expected {what}[; {fix}]` for the first value that does
+    not fit `schema` (fields in order, depth first)."""
+    if isinstance(schema, Nullable):
+        if value is None:
+            return
+        if not _fits(value, schema.inner):
+            raise InputError(_wrong(where, path, shown(value), describe(schema), fix))
+        schema = schema.inner
+    elif not _fits(value, schema):
+        raise InputError(_wrong(where, path, shown(value), describe(schema), fix))
+    if isinstance(schema, Obj):
+        for key, sub in schema.required.items():
+            if key not in value:
+                raise InputError(_wrong(where, _field(path, key), "missing", describe(sub), fix))
+            check(value[key], sub, where, _field(path, key), fix)
+        for key, sub in schema.optional.items():
+            if key in value:
+                check(value[key], sub, where, _field(path, key), fix)
+    elif isinstance(schema, MapOf) and schema.value is not Any:
+        for key, sub in value.items():
+            check(sub, schema.value, where, _field(path, key), fix)
+    elif isinstance(schema, ListOf) and schema.item is not Any:
+        for i, sub in enumerate(value):
+            check(sub, schema.item, where, f"{path}[{i}]", fix)
+
+
+def _wrong(where: str, path: str, seen: str, expected: str, fix: str | None) -> str:
+    return f"{where}: {path or 'the file'} is {seen}; expected {expected}" + (f"; {fix}" if fix else "")
