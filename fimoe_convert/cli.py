@@ -268,7 +268,8 @@ def _checkpoint_text(r: dict) -> str:
              f"+ {m['num_nextn_predict_layers']} MTP, {m['num_hash_layers']} hash layers",
              f"{plural(r['shards'], 'shard')}, {plural(r['tensors'], 'tensor')}, {human(r['bytes'])} "
              f"({human(r['routed_expert_bytes'])} routed experts)"
-             + (" (headers read from the Hub; no weights downloaded)" if r.get("remote") else "")]
+             + (f"; {plural(r['headers_from_hub'], 'shard header')} read from the Hub, no weights downloaded"
+                if r.get("headers_from_hub") else "")]
     lines += [f"  {k}: {v}" for k, v in r["tensor_classes"].items()]
     lines.append("targets:")
     for name, fit in r["targets"].items():

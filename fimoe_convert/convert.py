@@ -102,7 +102,9 @@ def convert(
                                  overwrite=overwrite, writers=writers)
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
-    source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline))
+    # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
+    weights = not dry_run or resume
+    source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline, weights=weights))
     problems = list(error.problems) if error else []
     tgt = None
     if source is not None:

@@ -2,7 +2,9 @@
 
 Measured, not assumed: one unit of the target's own work is read and converted (twice: the second run is timed,
 so one-time costs such as kernel compiles stay out), and SRC's read rate is taken from reading that unit's inputs.
-Reading, converting and writing overlap in the pipeline, so the estimate is the larger of the two totals."""
+Reading, converting and writing overlap in the pipeline, so the estimate is the larger of the two totals. For a Hub
+repo whose weights are not downloaded, the unit is zeros of the same dtypes and shapes (the conversion's time does
+not depend on the values), and only the conversion's share is estimated."""
 
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ def estimate(source, target, plan) -> tuple[str, float | None]:
         return "ETA: not estimated (nothing to convert)", None
     units = sorted(plan.units.values(), key=lambda u: u.out_bytes)
     unit = units[len(units) // 2]  # a typical unit (the median by output bytes)
+    local = all(source.is_local(n) for n in unit.inputs)
     try:
         t0 = time.perf_counter()
-        inputs = {n: source.read(n) for n in unit.inputs}
+        inputs = {n: source.read(n) if local else source.zeros(n) for n in unit.inputs}
         read_s = time.perf_counter() - t0
         target.run(unit, inputs)
         t0 = time.perf_counter()
@@ -35,6 +38,11 @@ def estimate(source, target, plan) -> tuple[str, float | None]:
     in_bytes = sum(source.info(n).nbytes for n in unit.inputs)
     unit_out = sum(u.out_bytes for u in plan.units.values())
     convert_s = run_s * unit_out / max(unit.out_bytes, 1)
+    if not local:  # nothing of SRC was read, so no read rate: the conversion's own share only
+        return (f"ETA: converting takes about {convert_s:.0f} s after the download of {human(plan.read_bytes)} "
+                f"(estimate: a sample unit, {unit.key}, of zeros with the checkpoint's shapes, converted "
+                f"{human(unit.out_bytes)} in {_secs(run_s)} on {target.opts.device}; the weights are not in the local "
+                "cache, so neither the download nor the read rate is measured)"), None
     read_rate = in_bytes / max(read_s, 1e-6)
     io_bytes = plan.read_bytes + sum(s.nbytes for s in plan.shards)
     io_s = io_bytes / read_rate

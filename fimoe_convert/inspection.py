@@ -16,11 +16,12 @@ from .targets import TargetOptions, availability, validate
 def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_size: int = 1,
             arch: str | None = None) -> dict:
     """What the checkpoint holds (geometry, tensor classes, bytes) and which targets fit it; for a fimoe-convert
-    output, what it was converted for and from (its manifest)."""
-    root = resolve_source_root(src, revision, offline)[0]
+    output, what it was converted for and from (its manifest). A Hub repo's weights are not downloaded: shards
+    not in the local cache are described from their headers on the Hub."""
+    root = resolve_source_root(src, revision, offline, weights=False)[0]
     if has_manifest(root):
         return describe_output(src, root)
-    source = open_source(src, revision=revision, offline=offline)
+    source = open_source(src, revision=revision, offline=offline, weights=False)
     model = source.model
     expert_bytes = sum(source.info(n).nbytes for n in source.weight_map if parse_expert_name(n))
     classes: dict[str, int] = {}
@@ -32,7 +33,8 @@ def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_
     return {"source": source.spec, "root": str(source.root), "revision": source.revision,
             "variant": variant_name(model, source.config), "model": model.to_json(), "shards": len(source.headers),
             "tensors": len(source.weight_map), "bytes": source.total_bytes, "routed_expert_bytes": expert_bytes,
-            "tensor_classes": dict(sorted(classes.items())), "files": source.input_files(), "targets": fits}
+            "tensor_classes": dict(sorted(classes.items())), "files": source.input_files(),
+            "headers_from_hub": len(source.remote), "targets": fits}
 
 
 def describe_output(src: str, root: Path) -> dict:

@@ -180,3 +180,23 @@ def test_targets_lists_engines_and_suggestions():
     assert "loads in: transformers; vLLM;" in r.stdout
     assert "suggested by GPU: 9.0 (H100/H200): megamoe_sm90_mxfp4, sm90_fp8_mxfp4_bf16_pull_cutedsl" in r.stdout
     assert json.loads(run("targets", "--json").stdout)[0]["engines"]
+
+
+@pytest.mark.parametrize("target, missing, match", [
+    ("megamoe_sm90_mxfp4", "flashinfer", r"^error: --target megamoe_sm90_mxfp4: needs the Python package 'flashinfer', "
+                                         r"which is not installed here; pip install 'fimoe-convert\[flashinfer\]'$"),
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", "flashinfer", r"^error: --target sm90_fp8_fp8_bf16_pull_cutedsl: needs the "
+                                                     r"Python package 'flashinfer', .*fimoe-convert\[flashinfer\]"),
+    ("sm100_fp8_fp4_bf16_deepgemm", "deep_gemm", r"needs the Python package 'deep_gemm', which is not installed here; "
+                                                 r"install a DeepGEMM build"),
+])
+def test_a_target_whose_package_is_missing_says_what_to_install_in_one_line(tiny_ckpt, tmp_path, monkeypatch, target,
+                                                                            missing, match):
+    from fimoe_convert.targets import rules
+
+    present = rules.present
+    monkeypatch.setattr(rules, "present", lambda m: m != missing and present(m))
+    r = run(tiny_ckpt, tmp_path / "out", "--target", target, "--arch", "10.0" if "sm100" in target else "9.0")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert any(re.search(match, line) for line in r.stderr.splitlines()), r.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,7 +1,9 @@
 """A Hub checkpoint described without downloading its weights: config.json and the index are fetched into the
 Hugging Face cache (small files), and each shard's header is read from the Hub with two ranged requests (its
 length, then its JSON), then validated exactly as a local header is. For `inspect` and `--dry-run` of a repo id
-whose weights are not in the cache: at V4 size a download would take hours before anything is said."""
+whose weights are not in the cache: at V4 size a download would take hours before anything is said.
+Hand-written beside huggingface_hub's `parse_safetensors_file_metadata`, which returns parsed tensors without the
+header's bytes or the file's size: the strict checks a local header gets (offsets within the file) need both."""
 
 from __future__ import annotations
 
@@ -18,8 +20,13 @@ def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
     """Bytes [start, end] of the file at `url` and the file's total size (from Content-Range)."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    r = get_session().get(url, headers={**build_hf_headers(token=token), "Range": f"bytes={start}-{end}"},
-                          follow_redirects=True)
+    try:
+        r = get_session().get(url, headers={**build_hf_headers(token=token), "Range": f"bytes={start}-{end}"},
+                              follow_redirects=True)
+    except OSError:
+        raise
+    except Exception as e:  # the HTTP client's transport errors are not OSErrors: made one, as a socket's would be
+        raise ConnectionError(f"{e.__class__.__name__}: {e}") from e
     hf_raise_for_status(r)
     total = r.headers.get("Content-Range", "").rpartition("/")[2]
     size = int(total) if total.isdigit() else int(r.headers.get("Content-Length", len(r.content)))

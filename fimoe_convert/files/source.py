@@ -13,11 +13,12 @@ from ..checkpoint import (EXPERT_LEGS, ModelSpec, check_counts, expected_expert_
                           natural_key, parse_expert_name)
 from ..errors import InputError, UsageError, ValidationError
 from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
-from .output import is_tool_name
+from .output import MANIFEST_NAME, is_tool_name
 from .paths import name_problem
 from .safetensors import INDEX_NAME, SINGLE_NAME, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
 
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
+REMOTE_HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -56,6 +57,7 @@ class Source:
     allowed: Path | None = None
     skipped: list[str] = field(default_factory=list)
     identities: dict[str, dict] = field(default_factory=dict)
+    remote: frozenset[str] = frozenset()  # shards described from their headers on the Hub, not downloaded
     _known_sha: dict[str, str] = field(default_factory=dict)
 
     def info(self, name: str) -> TensorInfo:
@@ -73,6 +75,16 @@ class Source:
         info = self.info(name)
         part = TensorInfo(name, info.dtype, info.shape, info.start + start, info.start + end)
         return read_bytes(self.path_of(name), part)
+
+    def is_local(self, name: str) -> bool:
+        return self.weight_map[name] not in self.remote
+
+    def zeros(self, name: str):
+        """Zeros with tensor `name`'s dtype and shape: a stand-in for timing a unit whose shard is not downloaded."""
+        import torch
+
+        info = self.info(name)
+        return as_typed(torch.zeros(info.nbytes, dtype=torch.uint8), info.dtype, info.shape)
 
     def read(self, name: str, pin: bool = False):
         """Tensor `name` with its checkpoint dtype and shape (CPU; in pinned memory with `pin`, so a copy
@@ -218,9 +230,11 @@ def _is_repo_id(spec: str) -> bool:
     return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
 
 
-def resolve_source_root(spec: str, revision: str | None, offline: bool) -> tuple[Path, Path, str | None, str | None]:
-    """(root, allowed_root, repo_id, revision): a local folder as is; a Hub repo id downloaded
-    (or found in the cache when offline) with huggingface_hub."""
+def resolve_source_root(spec: str, revision: str | None, offline: bool,
+                        weights: bool = True) -> tuple[Path, Path, str | None, str | None]:
+    """(root, allowed_root, repo_id, revision): a local folder as is; a Hub repo id downloaded (or found in the
+    cache when offline) with huggingface_hub. `weights=False` (and online): only the small files that describe the
+    checkpoint (config, index, manifest) into the revision's snapshot folder, beside any shards already there."""
     path = Path(spec).expanduser()
     if path.is_dir():
         if revision:
@@ -237,34 +251,87 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool) -> tuple
     offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
     try:
         # The cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts.
-        snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
-                                                      local_files_only=offline,
-                                                      cache_dir=os.environ.get("HF_HUB_CACHE")))
+        snap = None
+        if not weights and not offline:
+            snap = _describing_files(spec, revision)
+        if snap is None:
+            snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
+                                                          local_files_only=offline,
+                                                          cache_dir=os.environ.get("HF_HUB_CACHE")))
     except LocalEntryNotFoundError:
         hint = "run once without --offline/HF_HUB_OFFLINE=1 to fetch it" if offline else "check the network"
         raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; {hint}") from None
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
                          "check the repo id, --revision and your token (HF_TOKEN)") from None
+    except OSError as e:  # the network (httpx errors are OSErrors) or the cache folder
+        raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
+                         "pass --offline to use the local cache") from None
     # A cache snapshot is snapshots/<commit>/ whose files link into ../../blobs of the same repo.
     commit = snap.name if re.fullmatch(r"[0-9a-f]{40}", snap.name) else revision
     allowed = snap.parent.parent.resolve() if snap.parent.name == "snapshots" else snap.resolve()
     return snap, allowed, spec, commit
 
 
-def open_source(spec: str, revision: str | None = None, offline: bool = False) -> Source:
-    """Resolve SRC and validate everything that can be checked without reading tensor data."""
-    root, allowed, repo_id, commit = resolve_source_root(spec, revision, offline)
+def _describing_files(repo_id: str, revision: str | None) -> Path:
+    """The revision's snapshot folder, holding the files that describe the checkpoint (config.json; the index and
+    a manifest where the repo has them), downloaded into the cache: kilobytes, where the weights are hundreds of
+    GB. Shards an earlier download left in that folder are used as they are."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE")
+    config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache))
+    commit = config.parent.name  # pinned: the other files and the headers come from the same commit
+    for name in (INDEX_NAME, MANIFEST_NAME):
+        try:
+            huggingface_hub.hf_hub_download(repo_id, name, revision=commit, cache_dir=cache)
+        except EntryNotFoundError:
+            pass
+    return config.parent
+
+
+def _remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[str, Header], list[str]]:
+    """({shard: header} read from the Hub, problems), on a few threads: one round trip per shard, each small."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .remote import remote_header
+
+    def one(rel: str):
+        try:
+            return remote_header(repo_id, rel, revision), None
+        except InputError as e:
+            return None, str(e)
+        except OSError as e:  # httpx's errors, and huggingface_hub's HTTP errors
+            return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
+                          f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
+
+    with ThreadPoolExecutor(REMOTE_HEADER_THREADS) as pool:
+        results = dict(zip(names, pool.map(one, names)))
+    return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]
+
+
+def open_source(spec: str, revision: str | None = None, offline: bool = False, weights: bool = True) -> Source:
+    """Resolve SRC and validate everything that can be checked without reading tensor data. `weights=False`
+    (inspect, --dry-run): a Hub repo's shards that are not in the local cache are described from their headers
+    on the Hub, not downloaded (Source.remote); their tensors cannot be read."""
+    root, allowed, repo_id, commit = resolve_source_root(spec, revision, offline, weights)
+    fetch = repo_id is not None and not weights and not offline
     fix = "the checkpoint is damaged or not a DeepSeek V4 checkpoint: fetch or copy it again"
     config = read_json(root / "config.json", "config", CONFIG_SCHEMA, fix=fix,
                        missing="expected a DeepSeek V4 checkpoint folder")
     model = model_spec_from_config(config, where=str(root / "config.json"))
     problems: list[str] = []
     index_path = root / INDEX_NAME
+    remote: dict[str, Header] = {}
     if index_path.exists():
         weight_map = read_json(index_path, "index", INDEX_SCHEMA, fix=fix)["weight_map"]
     elif (root / SINGLE_NAME).exists():
         weight_map = {n: SINGLE_NAME for n in read_header(root / SINGLE_NAME).tensors}
+    elif fetch:
+        remote, problems = _remote_headers(repo_id, commit, [SINGLE_NAME])
+        raise_if(problems)
+        weight_map = {n: SINGLE_NAME for n in remote[SINGLE_NAME].tensors}
     else:
         raise InputError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME} found; expected a safetensors checkpoint")
     where = str(index_path)
@@ -290,6 +357,12 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False) -
             except InputError as e:
                 problems.append(str(e))
     problems[:0] = summarized(bad, "shard names of the index are refused")
+    if fetch and missing:
+        fetched, failed = _remote_headers(repo_id, commit, [m for m in missing if m not in remote])
+        remote.update(fetched)
+        headers.update(remote)
+        problems += summarized(failed, "shard headers could not be read from the Hub")
+        missing = []
     if missing:
         hint = ("the Hub snapshot is incomplete: run again without --offline to finish the download"
                 if repo_id else "copy the missing file into the folder")
@@ -322,9 +395,10 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False) -
                 and not p.name.endswith(".safetensors") and p.resolve().is_relative_to(allowed)):
             (skipped if is_tool_name(p.name) else extra).append(p.name)  # never copy a name OUT's files have
     source = Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
-                    weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped)
+                    weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped,
+                    remote=frozenset(remote))
     try:
-        source.identities = {rel: source.identity(rel) for rel in source.input_files()}
+        source.identities = {rel: source.identity(rel) for rel in source.input_files() if rel not in source.remote}
     except OSError as e:
         raise InputError(f"{e.filename}: cannot read it ({e.strerror}); the source changed while it was opened, "
                          "run again once it stays unchanged") from None
