@@ -11,7 +11,7 @@
 # usage: dev/build_moe_ep_carry.sh [WHEEL_DIR]  (run in the repo root; WHEEL_DIR holds the four
 #   nvidia_cutlass_dsl*-4.8.1 cp312 wheels, default /tmp/cutl; the python3 here must have
 #   flashinfer-python 0.7.4 installed; .fi-bundle/ from ../shared/tools/fi-carry-bundle.sh supplies the
-#   tvm-ffi wheel and the stub)
+#   tvm-ffi wheel; the stub is dev/flashinfer_stub/sitecustomize.py)
 set -euo pipefail
 whl=${1:-/tmp/cutl}
 site=$(python3 -c 'import flashinfer, os; print(os.path.dirname(os.path.dirname(flashinfer.__file__)))')
@@ -22,7 +22,7 @@ if [ ! -s .carry1/cu13.tar.xz ]; then
 fi
 cp "$whl"/nvidia_cutlass_dsl-4.8.1-py3-none-any.whl "$whl"/nvidia_cutlass_dsl_libs_base-4.8.1-cp312-*.whl \
    "$whl"/nvidia_cutlass_dsl_libs_core-4.8.1-py3-none-any.whl .fi-bundle/apache_tvm_ffi-*.whl .carry2/
-cp .fi-bundle/stub/sitecustomize.py .carry2/stub/
+cp dev/flashinfer_stub/sitecustomize.py .carry2/stub/
 t=$(mktemp -d)
 (cd "$site" && tar cf - --exclude=__pycache__ --exclude=flashinfer/data --exclude=flashinfer/experimental \
    --exclude='flashinfer/cake_*_backend' flashinfer) | tar xf - -C "$t"

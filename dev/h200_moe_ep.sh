@@ -4,7 +4,8 @@
 #   call 2: carry [".carry2"] (flashinfer tree + cutlass-DSL/tvm-ffi wheels)  -> bash dev/h200_moe_ep.sh stage2
 # Stage 1 unpacks into /tmp/S, which stays on the machine while it is warm; stage 2 adds the rest, then
 # runs the moe_ep checks, one moe_ep SM90 kernel on converted weights and bench_load
-# (`stage2 load`: bench_load only; `stage2 checks`: the checks only).
+# (`stage2 load`: bench_load only; `stage2 checks`: the checks only; `stage2 bench`: bench_convert at V4-Flash
+# expert geometry only).
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 S=/tmp/S
@@ -36,6 +37,9 @@ rm -rf /tmp/k /tmp/o_*
 python3 -c "from fimoe_convert.testing import make_checkpoint; make_checkpoint('/tmp/k', 'tiny', layers=2, hash_layers=1, mtp=1, extreme_scales=False)"
 python3 -c 'import torch; from fimoe_convert.convert import resolve_device; print("convert device auto ->", resolve_device("auto"), torch.cuda.get_device_name())' | tee -a "$L"
 [ "$2" = load ] && { r 120 python3 scripts/bench/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl; exit 0; }
+# `stage2 bench`: the FP8 moe_ep target at V4-Flash expert geometry (issue 19, goal 3), one JSON line per run
+[ "$2" = bench ] && { r 400 python3 scripts/bench/bench_convert.py --device cuda --floors direct --json $OUT/bench.jsonl \
+  --work /tmp/fb --target sm90_fp8_fp8_bf16_pull_cutedsl --experts 256 --layers 3 --shard-size 2GB; exit 0; }
 r 120 python3 tests/helpers/moe_ep_roundtrip.py sm90_fp8_fp8_bf16_pull_cutedsl /tmp/k /tmp/o_fp8 fp8_scale_mode=blockwise
 [ "$2" = nvfp4 ] && r 150 python3 tests/helpers/moe_ep_roundtrip.py --arch 10.0 sm100_nvfp4_nvfp4_bf16_cutedsl /tmp/k /tmp/o_nv
 [ "$2" = checks ] && exit 0

@@ -126,21 +126,11 @@ def convert(
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
         # 5. The plan and the free disk; a dry run ends here.
         todo = [s for s in plan.shards if s.filename not in kept]
-        disk, free = free_disk(out_dir)
-        result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=flags.target.device,
-                               shards=len(plan.shards), shards_kept=len(kept), bytes_read=plan.read_bytes,
-                               bytes_written=sum(s.nbytes for s in todo), seconds=0.0, dry_run=dry_run,
-                               free_disk=free, skipped=list(source.skipped),
-                               plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
-                                      "kept": s.filename in kept} for s in plan.shards])
+        result = _result(out_dir, source, tgt, plan, kept, todo, dry_run)
         if dry_run:
             result.estimate = eta.estimate(source, tgt, plan)[0]
             result.seconds = time.perf_counter() - t0
             return result
-        needed = result.bytes_written + sum(source.file_size(r) for r in copied_files(source))
-        if needed * DISK_HEADROOM > free:
-            raise InputError(f"OUT {out_dir}: needs {needed} bytes (shards and copied files), {free} free on {disk}; "
-                             "free space or choose another disk")
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
         manifest = LiveManifest(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group.rank == 0)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
@@ -151,14 +141,8 @@ def convert(
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
-        budget = lane_budget(flags.memory_bytes, biggest)
-        lanes = lane_count(flags.writers, len(todo), flags.memory_bytes, budget)
-        # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
-        threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH),
-                      math.ceil(lanes * plan.read_bytes / max(result.bytes_written, 1)))
+        lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
         hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
-        log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", len(todo), lanes, budget,
-                 threads)
         mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = hashes.result()
@@ -178,6 +162,34 @@ def convert(
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],
+            dry_run: bool) -> ConvertResult:
+    """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
+    the room for the shards and copied files, with headroom."""
+    disk, free = free_disk(out_dir)
+    result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=tgt.opts.device, shards=len(plan.shards),
+                           shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
+                           seconds=0.0, dry_run=dry_run, free_disk=free, skipped=list(source.skipped),
+                           plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
+                                  "kept": s.filename in kept} for s in plan.shards])
+    needed = result.bytes_written + sum(source.file_size(r) for r in copied_files(source))
+    if not dry_run and needed * DISK_HEADROOM > free:
+        raise InputError(f"OUT {out_dir}: needs {needed} bytes (shards and copied files), {free} free on {disk}; "
+                         "free space or choose another disk")
+    return result
+
+
+def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int, write_bytes: int) -> tuple[int, int, int]:
+    """(lanes, bytes of each lane's budget, input hash threads) for writing `shards` shards."""
+    budget = lane_budget(flags.memory_bytes, biggest)
+    lanes = lane_count(flags.writers, shards, flags.memory_bytes, budget)
+    # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
+    threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
+    log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", shards, lanes, budget,
+             threads)
+    return lanes, budget, threads
 
 
 @contextlib.contextmanager

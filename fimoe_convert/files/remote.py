@@ -7,13 +7,16 @@ header's bytes or the file's size: the strict checks a local header gets (offset
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
 from ..errors import InputError
-from .safetensors import MAX_HEADER_BYTES, Header, parse_header
+from .output import MANIFEST_NAME
+from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, Header, parse_header
 
 FIRST_BYTES = 1 << 20  # the first request asks for this much: most headers (V4's are about 100-300 KB) fit
+HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
 
 
 def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
@@ -48,3 +51,39 @@ def remote_header(repo_id: str, filename: str, revision: str, token=None) -> Hea
         data += _get(url, len(data), 8 + n - 1, token)[0]
     header = parse_header(data[:8], lambda k: data[8:8 + k], size, where)
     return Header(Path(filename), header.file_size, header.data_start, header.tensors, header.metadata)
+
+
+def describing_files(repo_id: str, revision: str | None) -> Path:
+    """The revision's snapshot folder, holding the files that describe the checkpoint (config.json; the index and
+    a manifest where the repo has them), downloaded into the cache: kilobytes, where the weights are hundreds of
+    GB. Shards an earlier download left in that folder are used as they are."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE")
+    config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache))
+    commit = config.parent.name  # pinned: the other files and the headers come from the same commit
+    for name in (INDEX_NAME, MANIFEST_NAME):
+        try:
+            huggingface_hub.hf_hub_download(repo_id, name, revision=commit, cache_dir=cache)
+        except EntryNotFoundError:
+            pass
+    return config.parent
+
+
+def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[str, Header], list[str]]:
+    """({shard: header} read from the Hub, problems), on a few threads: one round trip per shard, each small."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel: str):
+        try:
+            return remote_header(repo_id, rel, revision), None
+        except InputError as e:
+            return None, str(e)
+        except OSError as e:  # httpx's errors, and huggingface_hub's HTTP errors
+            return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
+                          f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
+
+    with ThreadPoolExecutor(HEADER_THREADS) as pool:
+        results = dict(zip(names, pool.map(one, names)))
+    return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]

@@ -15,10 +15,10 @@ from ..errors import InputError, UsageError, ValidationError
 from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
 from .output import MANIFEST_NAME, is_tool_name
 from .paths import name_problem
+from .remote import describing_files, remote_headers
 from .safetensors import INDEX_NAME, SINGLE_NAME, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
 
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
-REMOTE_HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -253,7 +253,7 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
         # The cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts.
         snap = None
         if not weights and not offline:
-            snap = _describing_files(spec, revision)
+            snap = describing_files(spec, revision)
         if snap is None:
             snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
                                                           local_files_only=offline,
@@ -271,44 +271,6 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     commit = snap.name if re.fullmatch(r"[0-9a-f]{40}", snap.name) else revision
     allowed = snap.parent.parent.resolve() if snap.parent.name == "snapshots" else snap.resolve()
     return snap, allowed, spec, commit
-
-
-def _describing_files(repo_id: str, revision: str | None) -> Path:
-    """The revision's snapshot folder, holding the files that describe the checkpoint (config.json; the index and
-    a manifest where the repo has them), downloaded into the cache: kilobytes, where the weights are hundreds of
-    GB. Shards an earlier download left in that folder are used as they are."""
-    import huggingface_hub
-    from huggingface_hub.errors import EntryNotFoundError
-
-    cache = os.environ.get("HF_HUB_CACHE")
-    config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache))
-    commit = config.parent.name  # pinned: the other files and the headers come from the same commit
-    for name in (INDEX_NAME, MANIFEST_NAME):
-        try:
-            huggingface_hub.hf_hub_download(repo_id, name, revision=commit, cache_dir=cache)
-        except EntryNotFoundError:
-            pass
-    return config.parent
-
-
-def _remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[str, Header], list[str]]:
-    """({shard: header} read from the Hub, problems), on a few threads: one round trip per shard, each small."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .remote import remote_header
-
-    def one(rel: str):
-        try:
-            return remote_header(repo_id, rel, revision), None
-        except InputError as e:
-            return None, str(e)
-        except OSError as e:  # httpx's errors, and huggingface_hub's HTTP errors
-            return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
-                          f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
-
-    with ThreadPoolExecutor(REMOTE_HEADER_THREADS) as pool:
-        results = dict(zip(names, pool.map(one, names)))
-    return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]
 
 
 def open_source(spec: str, revision: str | None = None, offline: bool = False, weights: bool = True) -> Source:
@@ -329,7 +291,7 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
     elif (root / SINGLE_NAME).exists():
         weight_map = {n: SINGLE_NAME for n in read_header(root / SINGLE_NAME).tensors}
     elif fetch:
-        remote, problems = _remote_headers(repo_id, commit, [SINGLE_NAME])
+        remote, problems = remote_headers(repo_id, commit, [SINGLE_NAME])
         raise_if(problems)
         weight_map = {n: SINGLE_NAME for n in remote[SINGLE_NAME].tensors}
     else:
@@ -358,7 +320,7 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
                 problems.append(str(e))
     problems[:0] = summarized(bad, "shard names of the index are refused")
     if fetch and missing:
-        fetched, failed = _remote_headers(repo_id, commit, [m for m in missing if m not in remote])
+        fetched, failed = remote_headers(repo_id, commit, [m for m in missing if m not in remote])
         remote.update(fetched)
         headers.update(remote)
         problems += summarized(failed, "shard headers could not be read from the Hub")
@@ -371,6 +333,24 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
                         f"{where}: names {len(missing)} shards that do not exist, e.g. {names}; {hint}")
     raise_if(problems)
 
+    raise_if(summarized(_disagreements(root, where, weight_map, headers),
+                        "disagreements between the index and the shard headers"))
+    raise_if(check_experts(model, {name: headers[rel].tensors[name] for name, rel in weight_map.items()}))
+    extra, skipped = _small_files(root, allowed)
+    source = Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
+                    weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped,
+                    remote=frozenset(remote))
+    try:
+        source.identities = {rel: source.identity(rel) for rel in source.input_files() if rel not in source.remote}
+    except OSError as e:
+        raise InputError(f"{e.filename}: cannot read it ({e.strerror}); the source changed while it was opened, "
+                         "run again once it stays unchanged") from None
+    return source
+
+
+def _disagreements(root: Path, where: str, weight_map: dict[str, str], headers: dict[str, Header]) -> list[str]:
+    """Where the index and the shard headers disagree: a tensor in two shards, named where it is not, or unnamed."""
+    problems: list[str] = []
     owner: dict[str, str] = {}
     for rel, header in headers.items():
         for name in header.tensors:
@@ -384,25 +364,17 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
     for name, rel in sorted(owner.items()):
         if name not in weight_map:
             problems.append(f"{root / rel}: holds tensor {name!r}, which the index does not list")
-    raise_if(summarized(problems, "disagreements between the index and the shard headers"))
-    tensors = {name: headers[rel].tensors[name] for name, rel in weight_map.items()}
-    problems += check_experts(model, tensors)
-    raise_if(problems)
+    return problems
 
+
+def _small_files(root: Path, allowed: Path) -> tuple[list[str], list[str]]:
+    """(SRC's other files, copied into OUT; those named like the tool's own, never read nor copied)."""
     extra, skipped = [], []
     for p in sorted(root.iterdir()):
         if (p.is_file() and not p.name.startswith(".") and p.name not in ("config.json", INDEX_NAME)
                 and not p.name.endswith(".safetensors") and p.resolve().is_relative_to(allowed)):
             (skipped if is_tool_name(p.name) else extra).append(p.name)  # never copy a name OUT's files have
-    source = Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
-                    weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped,
-                    remote=frozenset(remote))
-    try:
-        source.identities = {rel: source.identity(rel) for rel in source.input_files() if rel not in source.remote}
-    except OSError as e:
-        raise InputError(f"{e.filename}: cannot read it ({e.strerror}); the source changed while it was opened, "
-                         "run again once it stays unchanged") from None
-    return source
+    return extra, skipped
 
 
 def summarized(problems: list[str], what: str, most: int = 20) -> list[str]:
