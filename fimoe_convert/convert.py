@@ -181,7 +181,8 @@ def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: li
     return result
 
 
-def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int, write_bytes: int) -> tuple[int, int, int]:
+def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int,
+            write_bytes: int) -> tuple[int, int, int]:
     """(lanes, bytes of each lane's budget, input hash threads) for writing `shards` shards."""
     budget = lane_budget(flags.memory_bytes, biggest)
     lanes = lane_count(flags.writers, shards, flags.memory_bytes, budget)

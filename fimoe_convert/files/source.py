@@ -13,7 +13,7 @@ from ..checkpoint import (EXPERT_LEGS, ModelSpec, check_counts, expected_expert_
                           natural_key, parse_expert_name)
 from ..errors import InputError, UsageError, ValidationError
 from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
-from .output import MANIFEST_NAME, is_tool_name
+from .output import is_tool_name
 from .paths import name_problem
 from .remote import describing_files, remote_headers
 from .safetensors import INDEX_NAME, SINGLE_NAME, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file

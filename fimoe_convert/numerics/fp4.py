@@ -21,6 +21,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
+from typing import Callable
+
 import torch
 
 from ..dtypes import FP4_GROUP
@@ -110,32 +112,43 @@ def _dequant_cpu(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> No
     out32 = out.view(torch.int32)  # [rows, K/2]: one int32 = the BF16 pair of one code byte
     shifted = sb.to(torch.int32).bitwise_left_shift_(8)  # [rows, groups]
     chunk_rows = max(1, _CHUNK_BYTES // k_half)
-    starts = iter(range(0, rows, chunk_rows))
-    n_chunks = -(-rows // chunk_rows)
+
+    def chunk(r0: int, r1: int, index: torch.Tensor) -> None:
+        n = r1 - r0
+        idx = index[: n * k_half]
+        idx.view(n, k_half).copy_(codes[r0:r1])
+        idx.view(n, groups, FP4_GROUP // 2).bitwise_or_(shifted[r0:r1].unsqueeze(-1))
+        torch.index_select(table, 0, idx, out=out32[r0:r1].view(-1))
+
+    run_chunks(rows, chunk_rows, chunk, min(chunk_rows, rows) * k_half, codes.device, torch.get_num_threads(),
+               codes.numel())
+
+
+def run_chunks(rows: int, step: int, chunk: Callable[[int, int, torch.Tensor], None], index_numel: int,
+               device: torch.device, threads: int, nbytes: int) -> None:
+    """`chunk(r0, r1, index)` for every `step` rows of `rows`, on up to `threads` threads (this one included; this
+    one alone below _PARALLEL_MIN_BYTES of input), each with its own int32 scratch `index` of `index_numel`
+    elements. Returns when every thread has finished, raising the first error."""
+    starts = iter(range(0, rows, step))
     lock = threading.Lock()
     failed = False
 
     def work() -> None:
         nonlocal failed
-        index = torch.empty(min(chunk_rows, rows) * k_half, dtype=torch.int32)
+        index = torch.empty(index_numel, dtype=torch.int32, device=device)
         try:
             while True:
                 with lock:
                     r0 = None if failed else next(starts, None)
                 if r0 is None:
                     return
-                r1 = min(rows, r0 + chunk_rows)
-                n = r1 - r0
-                idx = index[: n * k_half]
-                idx.view(n, k_half).copy_(codes[r0:r1])
-                idx.view(n, groups, FP4_GROUP // 2).bitwise_or_(shifted[r0:r1].unsqueeze(-1))
-                torch.index_select(table, 0, idx, out=out32[r0:r1].view(-1))
+                chunk(r0, min(rows, r0 + step), index)
         except BaseException:
             failed = True  # the other threads stop at their next chunk
             raise
 
-    threads = min(torch.get_num_threads(), n_chunks)
-    if threads <= 1 or codes.numel() < _PARALLEL_MIN_BYTES:
+    threads = min(threads, -(-rows // step))
+    if threads <= 1 or nbytes < _PARALLEL_MIN_BYTES:
         work()
         return
     pool = _pool(threads - 1)
@@ -143,7 +156,7 @@ def _dequant_cpu(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> No
     try:
         work()
     finally:
-        wait(futures)  # never return (or raise) while a worker still writes into `out`
+        wait(futures)  # never return (or raise) while a worker still writes into the outputs
     for f in futures:
         f.result()
 

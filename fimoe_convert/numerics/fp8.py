@@ -28,13 +28,11 @@ releases the GIL)."""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import wait
 from dataclasses import dataclass
 
 import torch
 
-from .fp4 import E2M1_VALUES, FP4_GROUP, _pool, find_nan_scales, scale_bytes
+from .fp4 import E2M1_VALUES, FP4_GROUP, find_nan_scales, run_chunks, scale_bytes
 
 MAX_OFFSET_BITS = 6  # tile scale = largest per-32 scale / 2**6; 6 * 2**6 = 384 <= 448 (E4M3 max)
 EXACT_SPAN = 14  # per-32 scale bytes of a tile spanning at most this many steps always convert exactly
@@ -47,7 +45,6 @@ EXACT_MIN_OFFSET = -8  # E2M1 value * 2**k is exact in E4M3 for k in [-8, 6]: on
 TABLE_MIN_OFFSET = -13
 _TABLE_CHUNK_BYTES = 1 << 19  # code bytes per CPU work item (whole tile rows): 2 MiB of int32 index, as fp4.py
 _DEVICE_CHUNK_BYTES = 1 << 26  # code bytes per step on other devices (256 MiB of int32 index)
-_PARALLEL_MIN_BYTES = 1 << 20  # below this many code bytes a second thread costs more than it saves
 _TABLES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -130,6 +127,15 @@ def _check_args(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return sb
 
 
+def _empty_outputs(out_dim: int, k: int, tile_rows: int, tile_cols: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """The outputs to fill, as Fp8BlockResult's fields: FP8 weight [out_dim, k]; per tile its scale byte, lossy
+    flag (False) and errors (0)."""
+    tiles = (tile_rows, tile_cols)
+    return (torch.empty(out_dim, k, dtype=torch.float8_e4m3fn, device=dev),
+            torch.empty(tiles, dtype=torch.uint8, device=dev), torch.zeros(tiles, dtype=torch.bool, device=dev),
+            torch.zeros(tiles, dtype=torch.float32, device=dev), torch.zeros(tiles, dtype=torch.float32, device=dev))
+
+
 def fp4_to_fp8_block_float(packed: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] = (128, 128)
                            ) -> Fp8BlockResult:
     """`fp4_to_fp8_block` done in float32, value by value (the former implementation); kept to measure the
@@ -140,12 +146,7 @@ def fp4_to_fp8_block_float(packed: torch.Tensor, scales: torch.Tensor, block: tu
     k = 2 * k_half
     groups, gpt = k // FP4_GROUP, cols // FP4_GROUP
     tr, tc = -(-out_dim // rows), -(-k // cols)
-    dev = packed.device
-    weight = torch.empty(out_dim, k, dtype=torch.float8_e4m3fn, device=dev)
-    tile_bytes = torch.empty(tr, tc, dtype=torch.uint8, device=dev)
-    lossy = torch.zeros(tr, tc, dtype=torch.bool, device=dev)
-    max_abs = torch.zeros(tr, tc, dtype=torch.float32, device=dev)
-    max_rel = torch.zeros(tr, tc, dtype=torch.float32, device=dev)
+    weight, tile_bytes, lossy, max_abs, max_rel = _empty_outputs(out_dim, k, tr, tc, packed.device)
     step = rows * max(1, _CHUNK_ELEMS // max(1, rows * k))  # whole tile rows per chunk
     for r0 in range(0, out_dim, step):
         r1 = min(out_dim, r0 + step)
@@ -221,37 +222,9 @@ def _convert(codes: torch.Tensor, sb: torch.Tensor, rows: int, gpt: int, weight1
     cpu = codes.device.type == "cpu"
     chunk_bytes = _TABLE_CHUNK_BYTES if cpu else _DEVICE_CHUNK_BYTES
     step = rows * max(1, chunk_bytes // max(1, rows * k_half))  # whole tile rows per work item
-    starts = iter(range(0, out_dim, step))
-    n_chunks = -(-out_dim // step)
-    lock = threading.Lock()
-    failed = False
-
-    def work() -> None:
-        nonlocal failed
-        index = torch.empty(min(step, out_dim) * k_half, dtype=torch.int32, device=codes.device)
-        try:
-            while True:
-                with lock:
-                    r0 = None if failed else next(starts, None)
-                if r0 is None:
-                    return
-                _convert_rows(codes, sb, r0, min(out_dim, r0 + step), rows, gpt, index, weight16, tile_bytes, lossy)
-        except BaseException:
-            failed = True  # the other threads stop at their next chunk
-            raise
-
-    threads = min(torch.get_num_threads(), n_chunks) if cpu else 1
-    if threads <= 1 or codes.numel() < _PARALLEL_MIN_BYTES:
-        work()
-        return
-    pool = _pool(threads - 1)
-    futures = [pool.submit(work) for _ in range(threads - 1)]
-    try:
-        work()
-    finally:
-        wait(futures)  # never return (or raise) while a worker still writes into the outputs
-    for f in futures:
-        f.result()
+    run_chunks(out_dim, step,
+               lambda r0, r1, index: _convert_rows(codes, sb, r0, r1, rows, gpt, index, weight16, tile_bytes, lossy),
+               min(step, out_dim) * k_half, codes.device, torch.get_num_threads() if cpu else 1, codes.numel())
 
 
 def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[int, int] = (128, 128)) -> Fp8BlockResult:
@@ -264,12 +237,7 @@ def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[in
     k = 2 * k_half
     gpt = cols // FP4_GROUP
     tr, tc = -(-out_dim // rows), -(-k // cols)
-    dev = packed.device
-    weight = torch.empty(out_dim, k, dtype=torch.float8_e4m3fn, device=dev)
-    tile_bytes = torch.empty(tr, tc, dtype=torch.uint8, device=dev)
-    lossy = torch.zeros(tr, tc, dtype=torch.bool, device=dev)
-    max_abs = torch.zeros(tr, tc, dtype=torch.float32, device=dev)
-    max_rel = torch.zeros(tr, tc, dtype=torch.float32, device=dev)
+    weight, tile_bytes, lossy, max_abs, max_rel = _empty_outputs(out_dim, k, tr, tc, packed.device)
     if weight.numel() == 0:  # no tiles either
         return Fp8BlockResult(weight, tile_bytes, lossy, max_abs, max_rel)
     codes = packed.view(torch.uint8).contiguous()
