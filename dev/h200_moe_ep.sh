@@ -35,11 +35,11 @@ r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T)" | tee -a "$L"; loc
       echo "rc=$rc wall $(python3 -c "print(round($(date +%s.%N)-$s,1))") s" | tee -a "$L"; }
 rm -rf /tmp/k /tmp/o_*
 python3 -c "from fimoe_convert.testing import make_checkpoint; make_checkpoint('/tmp/k', 'tiny', layers=2, hash_layers=1, mtp=1, extreme_scales=False)"
-python3 -c 'import torch; from fimoe_convert.convert import resolve_device; print("convert device auto ->", resolve_device("auto"), torch.cuda.get_device_name())' | tee -a "$L"
+python3 -c 'import torch; from fimoe_convert.options import resolve_device; print("convert device auto ->", resolve_device("auto"), torch.cuda.get_device_name())' | tee -a "$L"
 [ "$2" = load ] && { r 120 python3 scripts/bench/bench_load.py --device cuda --target sm90_fp8_fp8_bf16_pull_cutedsl; exit 0; }
 # `stage2 bench`: the FP8 moe_ep target at V4-Flash expert geometry (issue 19, goal 3), one JSON line per run
 [ "$2" = bench ] && { r 400 python3 scripts/bench/bench_convert.py --device cuda --floors direct --json $OUT/bench.jsonl \
-  --work /tmp/fb --target sm90_fp8_fp8_bf16_pull_cutedsl --experts 256 --layers 3 --shard-size 2GB; exit 0; }
+  --work /tmp/fb --target sm90_fp8_fp8_bf16_pull_cutedsl --experts 256 --layers 3 --shard-size 2GB --max-memory 24GiB; exit 0; }
 r 120 python3 tests/helpers/moe_ep_roundtrip.py sm90_fp8_fp8_bf16_pull_cutedsl /tmp/k /tmp/o_fp8 fp8_scale_mode=blockwise
 [ "$2" = nvfp4 ] && r 150 python3 tests/helpers/moe_ep_roundtrip.py --arch 10.0 sm100_nvfp4_nvfp4_bf16_cutedsl /tmp/k /tmp/o_nv
 [ "$2" = checks ] && exit 0
