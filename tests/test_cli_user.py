@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -200,3 +201,13 @@ def test_a_target_whose_package_is_missing_says_what_to_install_in_one_line(tiny
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert any(re.search(match, line) for line in r.stderr.splitlines()), r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ci_runs_the_readme_set_up_commands_as_written():
+    """The README opens with two set-up commands (the demo, the test suite); `.ci/run` runs both, verbatim."""
+    root = Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"^```\n(.*?)\n```", (root / "README.md").read_text(), re.S | re.M)
+    demo, suite = blocks[0], blocks[1]
+    assert demo.endswith("fimoe-convert demo") and suite.endswith("python3 -m pytest -q"), blocks[:2]
+    ci = [line for line in (root / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert suite in ci and demo in ci and ci.index(suite) < ci.index(demo), ci
