@@ -211,3 +211,21 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
     assert demo.endswith("fimoe-convert demo") and suite.endswith("python3 -m pytest -q"), blocks[:2]
     ci = [line for line in (root / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert suite in ci and demo in ci and ci.index(suite) < ci.index(demo), ci
+
+
+@pytest.mark.parametrize("args, label", [
+    (["verify", "{out}"], "verifying"),
+    (["verify", "{out}", "--deep"], "verifying"),
+    (["upload", "{out}", "org/name", "--dry-run"], "checking OUT"),
+    (["{src}", "{out}", "--resume"], "checking kept shards"),
+])
+def test_every_long_step_shows_progress(tiny_ckpt, bf16_out, tmp_path, monkeypatch, args, label):
+    """The steps that hash whole folders print plain progress lines with a rate (no terminal here), then their result."""
+    monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)
+    out = tmp_path / "out"
+    shutil.copytree(bf16_out, out)
+    r = run(*[a.format(out=out, src=tiny_ckpt) for a in args], HF_TOKEN="hf_test", HF_HUB_OFFLINE="1")
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith(f"{label}: ")]
+    assert lines and re.fullmatch(rf"{label}: [0-9.]+ [kMG]?B of [0-9.]+ MB \(100%\), [0-9.]+ [kMG]?B/s", lines[-1]), \
+        r.stderr
