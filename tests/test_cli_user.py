@@ -229,3 +229,16 @@ def test_every_long_step_shows_progress(tiny_ckpt, bf16_out, tmp_path, monkeypat
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith(f"{label}: ")]
     assert lines and re.fullmatch(rf"{label}: [0-9.]+ [kMG]?B of [0-9.]+ MB \(100%\), [0-9.]+ [kMG]?B/s", lines[-1]), \
         r.stderr
+
+
+def test_the_docs_link_only_to_files_of_this_repository(tmp_path):
+    """README.md and docs/*.md: every relative link and image resolves inside the repository, no external links;
+    the checker itself fails on a broken one."""
+    root = Path(__file__).resolve().parents[1]
+    check = [sys.executable, str(root / "scripts" / "check_doc_links.py")]
+    r = subprocess.run([*check, str(root)], capture_output=True, text=True)
+    assert r.returncode == 0 and re.search(r"relative links resolve, 0 broken, 0 external$", r.stdout), r.stdout
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("[a](docs/nope.md) [b](../shared/DESIGN.md) [c](https://example.com)\n")
+    r = subprocess.run([*check, str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout.endswith("1 files, 0 relative links resolve, 2 broken, 1 external\n"), r.stdout
