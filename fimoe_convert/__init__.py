@@ -8,7 +8,7 @@ Where each job lives:
       resume.py          what an earlier run into OUT left (--resume)
       distributed.py     the ranks of a torchrun launch
       pipeline/          moving bytes: budget and channels, the schedule of a shard (pure),
-                         reader/converter threads, writer lanes, parallel hashing
+                         reader/converter threads, writer lanes
     verify.py          verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
     eta.py             the --dry-run estimate, from one unit of the target's own work, measured
@@ -21,9 +21,11 @@ Where each job lives:
     plan.py            which tensors go into which output shard, in which units of work (pure)
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
-    files/             the only modules that open files: safetensors, SRC, OUT (manifest, status, verify)
+    files/             the only modules that open files, and the trust boundary: safetensors; SRC (a folder, or
+                       a Hub repo: remote.py reads headers without the weights); OUT (manifest, status, verify,
+                       the lock); one strict JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
-    testing.py         real-format tiny checkpoints for tests, the demo and benchmarks
+    testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions
 
 Imports go one way (tests/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
@@ -66,7 +68,7 @@ LAYERS: dict[str, frozenset[str]] = {
                         "resume", "targets"},
     "runtime": _BASE | {"files", "kernels", "numerics"},
     "testing": _BASE | {"checkpoint", "files"},
-    "demo": _BASE | {"convert", "testing", "verify"},
+    "demo": _BASE | {"console", "convert", "testing", "verify"},
     "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "verify"},
     "__main__": frozenset({"cli"}),
 }

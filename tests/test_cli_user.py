@@ -242,3 +242,16 @@ def test_the_docs_link_only_to_files_of_this_repository(tmp_path):
     (tmp_path / "README.md").write_text("[a](docs/nope.md) [b](../shared/DESIGN.md) [c](https://example.com)\n")
     r = subprocess.run([*check, str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout.endswith("1 files, 0 relative links resolve, 2 broken, 1 external\n"), r.stdout
+
+
+def test_the_demo_makes_converts_verifies_and_summarizes(tmp_path):
+    """The README's first command ends in `fimoe-convert demo`: a tiny checkpoint, BF16 and megamoe, verify --deep."""
+    r = run("demo", "--workdir", tmp_path / "demo")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"made tiny DeepSeek V4 checkpoint .*/src \([0-9.]+ MB\)", lines[0]), lines
+    assert re.fullmatch(r"converted to bf16: 1 shard, [0-9.]+ MB in [0-9.]+ s; verify --deep: ok \(7 files, 8 units "
+                        r"re-derived\)", lines[1]), lines
+    assert re.fullmatch(r"converted to megamoe_sm90_mxfp4: \d+ shards, .*; verify --deep: ok \(\d+ files, 8 units "
+                        r"re-derived\)", lines[2]), lines
+    assert lines[-1].startswith("demo passed in ") and lines[-1].count("(ok)") == 2, lines

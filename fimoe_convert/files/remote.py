@@ -80,7 +80,7 @@ def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[
             return remote_header(repo_id, rel, revision), None
         except InputError as e:
             return None, str(e)
-        except OSError as e:  # httpx's errors, and huggingface_hub's HTTP errors
+        except OSError as e:  # huggingface_hub's HTTP errors; transport errors (_get raises them as ConnectionError)
             return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
                           f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
 

@@ -250,11 +250,9 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
 
     offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
     try:
-        # The cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts.
-        snap = None
         if not weights and not offline:
             snap = describing_files(spec, revision)
-        if snap is None:
+        else:  # the cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts
             snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
                                                           local_files_only=offline,
                                                           cache_dir=os.environ.get("HF_HUB_CACHE")))
@@ -264,7 +262,7 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
                          "check the repo id, --revision and your token (HF_TOKEN)") from None
-    except OSError as e:  # the network (httpx errors are OSErrors) or the cache folder
+    except OSError as e:  # the cache folder, or a transfer error huggingface_hub raises as an OSError
         raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
                          "pass --offline to use the local cache") from None
     # A cache snapshot is snapshots/<commit>/ whose files link into ../../blobs of the same repo.
