@@ -7,8 +7,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import socket
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
@@ -43,6 +41,9 @@ class OutLock:
                 raise InputError(f"OUT {self.out_dir}: {LOCK_NAME} keeps being replaced by another process; "
                                  "make sure no other fimoe-convert run writes into this folder, then run again")
             os.ftruncate(fd, 0)
+            import socket  # here, not at the top: `inspect` and `targets` start without it
+            from datetime import datetime, timezone
+
             started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started} "
                           f"(fimoe-convert {__version__})\n".encode(), 0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import mmap
 import os
@@ -344,7 +343,7 @@ class _StagedFile:
         self.direct = _is_direct(f)
         self.size = 0
         self.error: OSError | None = None
-        self._sha = hashlib.sha256()
+        self._sha = _sha256()
         self._cur: _Block | None = None
         self._free: list[_Block] = []
         self._owned = 0
@@ -576,9 +575,15 @@ def write_file(path: Path, tensors: list[tuple[PlannedTensor, object]],
         return w.finish()
 
 
+def _sha256(data: bytes = b""):
+    import hashlib  # here: only writers and hashers need it, and `inspect` starts without it
+
+    return hashlib.sha256(data)
+
+
 def sha256_file(path: Path, block: int = IO_BLOCK, on_bytes=None) -> str:
     """The file's sha256 hex digest; `on_bytes(n)` after each block read."""
-    h = hashlib.sha256()
+    h = _sha256()
     buf = bytearray(block)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
@@ -592,7 +597,7 @@ def sha256_file(path: Path, block: int = IO_BLOCK, on_bytes=None) -> str:
 def atomic_write_bytes(path: Path, data: bytes) -> WrittenFile:
     """Write `data` to `path` through a temporary name, fsync and rename."""
     atomic_write_stream(path, lambda f: f.write(data))
-    return WrittenFile(len(data), hashlib.sha256(data).hexdigest())
+    return WrittenFile(len(data), _sha256(data).hexdigest())
 
 
 def atomic_write_stream(path: Path, fill) -> None:
