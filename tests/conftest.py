@@ -25,6 +25,23 @@ def tiny_copy(tiny_ckpt, tmp_path) -> Path:
     return dst
 
 
+@pytest.fixture(scope="session")
+def bf16_out_of(tiny_ckpt, tmp_path_factory):
+    """`bf16_out_of(shard_size)`: a finished bf16 OUT of the tiny checkpoint, made once per shard size (read-only
+    for tests: copy it before damaging it)."""
+    from fimoe_convert.convert import convert
+
+    made: dict[str, Path] = {}
+
+    def get(shard_size: str) -> Path:
+        if shard_size not in made:
+            made[shard_size] = tmp_path_factory.mktemp("bf16") / "out"
+            convert(str(tiny_ckpt), str(made[shard_size]), "bf16", shard_size=shard_size)
+        return made[shard_size]
+
+    return get
+
+
 @pytest.fixture
 def hub_cache(tiny_ckpt, tmp_path, monkeypatch) -> Path:
     """The tiny checkpoint as HUB_REPO@HUB_COMMIT in a Hugging Face cache, resolved offline."""

@@ -276,18 +276,9 @@ def test_the_path_rule_resolves_links(tmp_path):
     assert name_problem("in/x", folder, "w") is None
 
 
-@pytest.fixture(scope="module")
-def bf16_out(tiny_ckpt, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trust") / "out"
-    convert(str(tiny_ckpt), str(out), "bf16", shard_size="1MB")
-    return out
-
-
 @pytest.fixture
-def bf16_copy(bf16_out, tmp_path) -> Path:
-    out = tmp_path / "out"
-    shutil.copytree(bf16_out, out)
-    return out
+def bf16_copy(bf16_out_of, tmp_path) -> Path:
+    return Path(shutil.copytree(bf16_out_of("1MB"), tmp_path / "out"))
 
 
 def _name_outside(out: Path, victim: Path, rel: str) -> None:

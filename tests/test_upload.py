@@ -33,7 +33,6 @@ import pytest
 from click.testing import CliRunner
 
 from fimoe_convert.cli import main
-from fimoe_convert.convert import convert
 from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.hub import upload
 from fimoe_convert.files.output import MANIFEST_NAME
@@ -265,19 +264,15 @@ TOKEN = "hf_FakeUploadToken0123456789abcdef"
 REPO = "fimoe-test/tiny-bf16"
 
 
-@pytest.fixture(scope="module")
-def bf16_out(tiny_ckpt, tmp_path_factory) -> Path:
+@pytest.fixture
+def bf16_out(bf16_out_of) -> Path:
     """A finished bf16 OUT with three shards (read-only for tests: copy before damaging)."""
-    out = tmp_path_factory.mktemp("upload") / "out"
-    convert(str(tiny_ckpt), str(out), "bf16", shard_size="3MB")
-    return out
+    return bf16_out_of("3MB")
 
 
 @pytest.fixture
 def out_copy(bf16_out, tmp_path) -> Path:
-    dst = tmp_path / "out"
-    shutil.copytree(bf16_out, dst)
-    return dst
+    return Path(shutil.copytree(bf16_out, tmp_path / "out"))
 
 
 @pytest.fixture
