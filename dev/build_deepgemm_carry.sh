@@ -7,8 +7,8 @@
 #                   only the JIT needs), xz
 #   full/V.whl      the whole wheel, for the releases predicted to load (their JIT needs the headers)
 #   tvm/            apache-tvm-ffi 0.1.11 (pinned by sgl-deep-gemm <= 0.2.2) and 0.1.15.post2 (cp312)
-#   fi-moe-ep.tar.xz, fi-distinfo.tar.xz   flashinfer 0.7.4's Python tree (as scripts/build_moe_ep_carry.sh
-#                   trims it) and its dist-info; stub/sitecustomize.py (dev/flashinfer_stub/)
+#   fi-moe-ep.tar.xz, fi-distinfo.tar.xz   flashinfer 0.7.4's trimmed Python tree and its dist-info
+#                   (dev/pack_flashinfer.sh); stub/sitecustomize.py (dev/flashinfer_stub/)
 #   wt.tar.xz       this worktree's fimoe_convert; dev/ these scripts; versions.txt newest first
 # usage: dev/build_deepgemm_carry.sh [DEST] [WHEELS]   (defaults /work/main/.dgcarry, /work/dg-wheels;
 #   WHEELS/V/*.whl from `pip download sgl-deep-gemm==V`, WHEELS/tvm/*.whl, WHEELS/versions.txt;
@@ -31,15 +31,8 @@ for v in $(cat "$whl"/versions.txt); do
   tar cf - -C "$t" . | xz -6 -T2 > "$dest/cand/$v.tar.xz"; rm -rf "$t"
 done
 cp "$whl"/tvm/apache_tvm_ffi-0.1.11-*.whl "$whl"/tvm/apache_tvm_ffi-0.1.15.post2-*.whl "$dest/tvm/"
-site=$(python3 -c 'import flashinfer, os; print(os.path.dirname(os.path.dirname(flashinfer.__file__)))')
-t=$(mktemp -d)
-(cd "$site" && tar cf - --exclude=__pycache__ --exclude=flashinfer/data --exclude=flashinfer/experimental \
-   --exclude='flashinfer/cake_*_backend' flashinfer) | tar xf - -C "$t"
-mkdir -p "$t/flashinfer/experimental"
-(cd "$site/flashinfer/experimental" && cp -r __init__.py cake_w8a8_megamoe_ep16 cake_mxfp8_megamoe_ep16 "$t/flashinfer/experimental/")
-find "$t" -name __pycache__ -prune -exec rm -rf {} +
-tar cf - -C "$t" flashinfer | xz -6 -T2 > "$dest/fi-moe-ep.tar.xz"; rm -rf "$t"
-(cd "$site" && tar cJf - flashinfer_python-0.7.4.dist-info) > "$dest/fi-distinfo.tar.xz"
+source "$here/dev/pack_flashinfer.sh"
+pack_flashinfer "$dest"
 cp "$here/dev/flashinfer_stub/sitecustomize.py" "$dest/stub/"
 cp "$here"/dev/{h200_deepgemm.sh,dg_probe.py,deepgemm_check.py} "$dest/dev/"
 (cd "$here" && tar cf - --exclude=__pycache__ fimoe_convert) | xz -6 -T2 > "$dest/wt.tar.xz"

@@ -14,7 +14,8 @@
 #   tvm-ffi wheel; the stub is dev/flashinfer_stub/sitecustomize.py)
 set -euo pipefail
 whl=${1:-/tmp/cutl}
-site=$(python3 -c 'import flashinfer, os; print(os.path.dirname(os.path.dirname(flashinfer.__file__)))')
+source "$(dirname "$0")/pack_flashinfer.sh"
+site=$(flashinfer_site)
 mkdir -p .carry1 .carry2/stub
 if [ ! -s .carry1/cu13.tar.xz ]; then
   t=$(mktemp -d); python3 -m zipfile -e "$whl"/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-*.whl "$t"
@@ -23,16 +24,9 @@ fi
 cp "$whl"/nvidia_cutlass_dsl-4.8.1-py3-none-any.whl "$whl"/nvidia_cutlass_dsl_libs_base-4.8.1-cp312-*.whl \
    "$whl"/nvidia_cutlass_dsl_libs_core-4.8.1-py3-none-any.whl .fi-bundle/apache_tvm_ffi-*.whl .carry2/
 cp dev/flashinfer_stub/sitecustomize.py .carry2/stub/
-t=$(mktemp -d)
-(cd "$site" && tar cf - --exclude=__pycache__ --exclude=flashinfer/data --exclude=flashinfer/experimental \
-   --exclude='flashinfer/cake_*_backend' flashinfer) | tar xf - -C "$t"
-mkdir -p "$t/flashinfer/experimental"
-(cd "$site/flashinfer/experimental" && cp -r __init__.py cake_w8a8_megamoe_ep16 cake_mxfp8_megamoe_ep16 "$t/flashinfer/experimental/")
-find "$t" -name __pycache__ -prune -exec rm -rf {} +
-tar cf - -C "$t" flashinfer | xz -6 -T2 > .carry2/fi-moe-ep.tar.xz; rm -rf "$t"
+pack_flashinfer .carry2
 (cd "$site" && tar cf - --exclude=__pycache__ flashinfer/data/include flashinfer/data/cutlass flashinfer/data/cccl \
    flashinfer/data/spdlog flashinfer/data/csrc/nv_internal flashinfer/data/csrc/fused_moe/cutlass_backend \
    flashinfer/data/csrc/*.h flashinfer/data/csrc/*.cuh) | xz -6 -T2 > .carry2/fi-data.tar.xz
-(cd "$site" && tar cJf - flashinfer_python-0.7.4.dist-info) > .carry2/fi-distinfo.tar.xz
 du -b .carry1/* .carry2/* .carry2/stub/*
 du -sb .carry1 .carry2

@@ -12,7 +12,6 @@ import contextlib
 import difflib
 import json
 import os
-import re
 import shlex
 import signal
 import sys
@@ -22,14 +21,13 @@ import click
 
 from . import __version__
 from .console import Progress, is_rank0, plural, report_line, setup_logging
-from .errors import FimoeError, UsageError, format_problems
+from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
 from .sizes import human
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # escaped in what is printed: one problem, one line
 EXAMPLES = """\b
 Examples:
   fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --target fp8_block --param scale_dtype=f32
@@ -67,11 +65,6 @@ def _signals_interrupt():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-
-
-def one_line(text: str) -> str:
-    """`text` with control characters (a newline in a flag's value, say) escaped: one problem, one line."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _debug() -> bool:

@@ -3,6 +3,15 @@ next step; the CLI prints them as they are (exit 2 for usage, 1 for bad input or
 
 from __future__ import annotations
 
+import re
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # NUL, newline, escape...: in no name of a checkpoint or an output
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters (a newline in a flag's value or a file name) escaped: one problem, one line."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
 
 def format_problems(problems: list[str]) -> str:
     """One problem as it is; several as 'N problems:' and one indented line each."""

@@ -6,12 +6,12 @@ deleted."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path, PurePosixPath
+
+from ..errors import CONTROL
 
 NAME_MAX = 255  # bytes in one path component: the limit of Linux file systems (a longer name cannot exist)
 PATH_MAX = 4096  # bytes in a whole path (Linux)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # NUL, newline, escape...: in no file of a checkpoint or an output
 
 
 def name_problem(rel, folder: Path, where: str, what: str = "file", label: str = "the folder",
@@ -37,6 +37,6 @@ def plain_relative(rel: str) -> bool:
     system allows (the system calls would fail with ENAMETOOLONG)."""
     p = PurePosixPath(rel)
     parts = rel.split("/")
-    return bool(rel and p.parts and not p.is_absolute() and "\\" not in rel and not _CONTROL.search(rel)
+    return bool(rel and p.parts and not p.is_absolute() and "\\" not in rel and not CONTROL.search(rel)
                 and all(part not in ("..", ".", "") and len(part.encode()) <= NAME_MAX for part in parts)
                 and len(rel.encode()) <= PATH_MAX and ":" not in p.parts[0])
