@@ -132,3 +132,27 @@ def test_a_bad_shard_on_the_hub_is_one_line_naming_it(tiny_ckpt, tmp_path, damag
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and re.search(match, r.stderr), r.stderr
 
+
+
+@pytest.mark.parametrize("ignore_range", [False, True])
+@pytest.mark.parametrize("start, end", [(0, 7), (0, 99), (8, 1000), (5000, 5000), (1000, 10**9)])
+def test_a_ranged_read_returns_those_bytes_and_the_size_from_any_server(tiny_ckpt, ignore_range, start, end):
+    """`_get` gives bytes [start, end] and the file's size, also when the server ignores Range and answers with
+    the whole file (then it stops reading after byte `end`)."""
+    from fimoe_convert.files.remote import _get
+
+    name = "model-00002-of-00004.safetensors"
+    data = (tiny_ckpt / name).read_bytes()
+    with HubFiles(REPO, tiny_ckpt, COMMIT, ignore_range=ignore_range) as hub:
+        got, size = _get(f"{hub.url}/{REPO}/resolve/{COMMIT}/{name}", start, end, None)
+    assert got == data[start:end + 1] and size == len(data)
+
+
+def test_inspect_works_against_a_server_that_ignores_range(tiny_ckpt, tmp_path):
+    want = json.loads(local("inspect", tiny_ckpt, "--json").stdout)
+    with HubFiles(REPO, tiny_ckpt, COMMIT, ignore_range=True) as hub:
+        r = cli(hub, tmp_path / "cache", "inspect", REPO, "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert {k: got[k] for k in ("model", "tensors", "bytes", "targets")} == \
+        {k: want[k] for k in ("model", "tensors", "bytes", "targets")}

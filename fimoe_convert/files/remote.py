@@ -20,20 +20,37 @@ HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 
 
 
 def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
-    """Bytes [start, end] of the file at `url` and the file's total size (from Content-Range)."""
+    """Bytes [start, end] of the file at `url` and the file's total size. At most end + 1 bytes are read, also
+    from a server that ignores Range and sends the whole file (a shard is gigabytes)."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     try:
-        r = get_session().get(url, headers={**build_hf_headers(token=token), "Range": f"bytes={start}-{end}"},
-                              follow_redirects=True)
+        headers = {**build_hf_headers(token=token), "Range": f"bytes={start}-{end}"}
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as r:
+            if r.status_code >= 400:
+                r.read()  # the error's body, for hf_raise_for_status's message
+            hf_raise_for_status(r)
+            first = start if r.status_code == 206 else 0  # the file offset of the body's first byte
+            body = _read_at_most(r.iter_bytes(), end + 1 - first)
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            size = int(total) if total.isdigit() else int(r.headers.get("Content-Length", first + len(body)))
     except OSError:
         raise
     except Exception as e:  # the HTTP client's transport errors are not OSErrors: made one, as a socket's would be
         raise ConnectionError(f"{e.__class__.__name__}: {e}") from e
-    hf_raise_for_status(r)
-    total = r.headers.get("Content-Range", "").rpartition("/")[2]
-    size = int(total) if total.isdigit() else int(r.headers.get("Content-Length", len(r.content)))
-    return r.content, size
+    return body[start - first:], size
+
+
+def _read_at_most(chunks, limit: int) -> bytes:
+    """The first `limit` bytes of a stream of chunks; the rest is not read."""
+    got: list[bytes] = []
+    n = 0
+    for chunk in chunks:
+        got.append(chunk)
+        n += len(chunk)
+        if n >= limit:
+            break
+    return b"".join(got)[:limit]
 
 
 def remote_header(repo_id: str, filename: str, revision: str, token=None) -> Header:

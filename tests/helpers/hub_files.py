@@ -13,8 +13,9 @@ from urllib.parse import unquote, urlsplit
 
 
 class HubFiles:
-    def __init__(self, repo_id: str, folder: Path, commit: str):
-        self.repo_id, self.folder, self.commit = repo_id, Path(folder), commit
+    def __init__(self, repo_id: str, folder: Path, commit: str, ignore_range: bool = False):
+        """`ignore_range`: answer every GET with the whole file (200), as a server without Range support does."""
+        self.repo_id, self.folder, self.commit, self.ignore_range = repo_id, Path(folder), commit, ignore_range
         self.sent = 0  # body bytes sent, over all requests
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.lock = threading.Lock()
@@ -58,7 +59,7 @@ class HubFiles:
         data = file.read_bytes()
         etag = hashlib.sha256(data).hexdigest()
         start, end, status = 0, len(data) - 1, 200
-        rng = h.headers.get("Range")
+        rng = None if self.ignore_range else h.headers.get("Range")
         if rng:
             a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", rng).groups()
             start, end, status = int(a), min(int(b) if b else len(data) - 1, len(data) - 1), 206
