@@ -21,7 +21,7 @@ r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T)" | tee -a "$L"; loc
 B="python3 scripts/bench/bench_convert.py --device cuda --floors direct --json $J --work /tmp/fb"
 for step in "$@"; do
   case $step in
-    gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics_fp4.py tests/test_gpu_convert.py ;;
+    gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/numerics/test_numerics_fp4.py tests/targets/test_gpu_convert.py ;;
     flash-bf16) r 200 $B --target bf16 --experts 256 --layers 2 ;;
     flash-fp8) r 200 $B --target fp8_block --experts 256 --layers 3 ;;
     flash-megamoe) r 260 $B --target megamoe_sm90_mxfp4 --experts 256 --layers 6 --shard-size 2GB ;;

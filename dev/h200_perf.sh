@@ -28,7 +28,7 @@ r() { t=$1; shift; echo "== $* [timeout $t s] $(date -u +%T) loadavg $(cut -d' '
 steps=${*:-gpu-tests decode convert-bf16 convert-bf16-shards convert-bf16-big convert-megamoe convert-megamoe-big memory}
 for step in $steps; do
   case $step in
-    gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_numerics_fp4.py tests/test_gpu_convert.py ;;
+    gpu-tests) r 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/numerics/test_numerics_fp4.py tests/targets/test_gpu_convert.py ;;
     decode) r 200 python3 scripts/bench/bench_decode.py --device cuda --sweep ;;
     convert-bf16) r 120 python3 scripts/bench/bench_convert.py --target bf16 --device cuda ;;
     convert-bf16-big) r 200 python3 scripts/bench/bench_convert.py --target bf16 --device cuda --layers 12 ;;

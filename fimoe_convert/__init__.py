@@ -28,7 +28,7 @@ Where each job lives:
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions
 
-Imports go one way (tests/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
+Imports go one way (tests/cli/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
 files):
 
     cli -> convert, verify, inspection, hub, demo -> pipeline, resume -> targets -> plan -> checkpoint

@@ -41,7 +41,7 @@ class Kernel:
     config_class: str | None = None
     pack_format: str | None = None
     # The layout of N experts is the layouts of chunks of them, concatenated (checked against the whole-block call by
-    # tests/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow with them.
+    # tests/targets/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow with them.
     expert_chunks: bool = False
     expert_chunks_unless: dict[str, str] = field(default_factory=dict)  # a --param value under which they are not
 

@@ -1,4 +1,4 @@
-"""Everything that opens a file (tests/test_layering.py flags file access anywhere else in the package,
+"""Everything that opens a file (tests/cli/test_layering.py flags file access anywhere else in the package,
 `testing` aside):
 
 - `safetensors`: strict header validation, raw tensor reads, the streaming shard writer, atomic small files;

@@ -70,7 +70,7 @@ PRESETS: dict[str, FixtureSpec] = {
     "v4-pro": FixtureSpec(hidden=7168, inter=3072, experts=384, top_k=6, layers=61, hash_layers=3, mtp=1,
                           vocab=129280, heads=128, head_dim=512, q_lora=1536, o_lora=1024, shards=64,
                           extreme_scales=False),
-    # Variants (tests/test_variants.py). V4-Flash is "tiny".
+    # Variants (tests/targets/test_variants.py). V4-Flash is "tiny".
     # V4-Pro expert geometry (H=7168, I=3072) with 2 experts, 1 layer: ~130 MB in, ~330 MB of BF16 out.
     "pro-geometry": FixtureSpec(hidden=VARIANTS["V4-Pro"].hidden_size, inter=VARIANTS["V4-Pro"].moe_intermediate_size,
                                 experts=2, top_k=2, layers=1, hash_layers=1, mtp=0,

@@ -108,7 +108,7 @@ build() {  # build TAG [buildah options]: --layers (one layer per instruction), 
 # The time before each STEP and COMMIT line: where a build spends its minutes (vfs copies every layer).
 stamp() { while IFS= read -r l; do case $l in *STEP\ *|*COMMIT*) echo "[$(date -u +%T)] $l" ;; *) echo "$l" ;; esac; done; }
 # An image's layers, one a line: diff_id (what `docker inspect` lists under RootFS.Layers) and the
-# instruction. The model layer is the last (tests/test_prebake_dockerfile.py keeps it last).
+# instruction. The model layer is the last (tests/cli/test_prebake_dockerfile.py keeps it last).
 layers() {
     "${B[@]}" inspect --type image "$1" | python3 -c '
 import json, sys

@@ -18,7 +18,7 @@ SIGKILLs it and checks the torn OUT:
 - the manifest is valid JSON (atomic rewrite), never half written.
 
 Then it runs the same command with `--resume` to completion and compares every file of OUT with
-the reference, byte for byte. Prints the counts. `tests/test_reliability.py` runs a 3-kill version.
+the reference, byte for byte. Prints the counts. `tests/files/test_reliability.py` runs a 3-kill version.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Converts a tiny fixture (`--target bf16 --shard-size 1MB`, several shards), then
 random output shard and a random byte in it (header or data, seeded), XORs it with a random non-zero
 mask, runs `fimoe-convert verify OUT` (in process, through the CLI), restores the byte. A flip counts
 as detected when verify exits 1 and its error line names the damaged shard. At the end the restored
-OUT must verify again. Prints `detected D/FLIPS`. `tests/test_reliability.py` runs 10 flips.
+OUT must verify again. Prints `detected D/FLIPS`. `tests/files/test_reliability.py` runs 10 flips.
 """
 
 from __future__ import annotations

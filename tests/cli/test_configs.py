@@ -14,7 +14,7 @@ from fimoe_convert.errors import UsageError
 from fimoe_convert.files.preset import load_preset
 from fimoe_convert.testing import make_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted((ROOT / "configs" / "convert").glob("*.toml"))
 FIXTURE_OF = {"V4-Flash": "v4-flash", "V4-Pro": "v4-pro"}
 

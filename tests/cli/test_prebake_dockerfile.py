@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "scripts" / "prebake" / "Dockerfile"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 OUT_COPY = "--from=convert /layer/ /"

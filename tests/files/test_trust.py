@@ -34,7 +34,7 @@ from fimoe_convert.kernels import KERNELS
 from fimoe_convert.targets.rules import check_params
 from test_reliability import child_env, refused, run_and_signal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INDEX = "model.safetensors.index.json"
 SHARD_SIZE = ("--shard-size", "1MB")  # the tiny checkpoint in 9 output shards
 

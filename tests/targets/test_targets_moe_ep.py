@@ -15,7 +15,7 @@ from fimoe_convert.errors import ValidationError
 from fimoe_convert.testing import make_checkpoint
 
 pytest.importorskip("flashinfer")
-CHECK = Path(__file__).parent / "helpers" / "moe_ep_roundtrip.py"
+CHECK = Path(__file__).parents[1] / "helpers" / "moe_ep_roundtrip.py"
 
 CPU_TARGETS = [
     ("sm100_mxfp8_mxfp4_bf16_cutedsl", []),

@@ -205,7 +205,7 @@ def test_a_target_whose_package_is_missing_says_what_to_install_in_one_line(tiny
 
 def test_ci_runs_the_readme_set_up_commands_as_written():
     """The README opens with two set-up commands (the demo, the test suite); `.ci/run` runs both, verbatim."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     blocks = re.findall(r"^```\n(.*?)\n```", (root / "README.md").read_text(), re.S | re.M)
     demo, suite = blocks[0], blocks[1]
     assert demo.endswith("fimoe-convert demo") and suite.endswith("python3 -m pytest -q"), blocks[:2]
@@ -234,7 +234,7 @@ def test_every_long_step_shows_progress(tiny_ckpt, bf16_out, tmp_path, monkeypat
 def test_the_docs_link_only_to_files_of_this_repository(tmp_path):
     """README.md and docs/*.md: every relative link and image resolves inside the repository, no external links;
     the checker itself fails on a broken one."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     check = [sys.executable, str(root / "scripts" / "check_doc_links.py")]
     r = subprocess.run([*check, str(root)], capture_output=True, text=True)
     assert r.returncode == 0 and re.search(r"relative links resolve, 0 broken, 0 external$", r.stdout), r.stdout

@@ -32,7 +32,7 @@ from fimoe_convert.errors import FimoeError
 from fimoe_convert.files.safetensors import parse_header
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INDEX = "model.safetensors.index.json"
 MANIFEST = "fimoe-manifest.json"
 REPO = "deepseek-ai/DeepSeek-V4-Tiny"
