@@ -2,7 +2,7 @@
 """Draw the documentation's charts from the benchmarks' JSON under benchmarks/results/, and two diagrams.
 
     pip install matplotlib          # not a dependency of fimoe-convert; only this script needs it
-    python3 scripts/bench/make_charts.py [--evidence benchmarks/results] [--out docs/img] [--no-docs]
+    python3 scripts/bench/make_charts.py [--results benchmarks/results] [--out docs/img] [--no-docs]
 
 Reads (every file is optional; a chart whose data is missing is skipped, with a line saying so):
     benchmarks/results/2026-11-29-{convert,load,memory,decode}.jsonl   transcribed from the 2026-11-29 logs (H200 and CPU)
@@ -446,11 +446,11 @@ def update_docs(doc: Path, rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--evidence", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--out", default=str(REPO / "docs" / "img"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the table in docs/PERFORMANCE.md")
     args = ap.parse_args()
-    ev, out = Path(args.evidence), Path(args.out)
+    ev, out = Path(args.results), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     made: list[str] = []
     chart_load(ev, out, made)
