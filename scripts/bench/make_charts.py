@@ -216,7 +216,7 @@ def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
     a2.set_xticks(range(len(cpu)), [c[0] for c in cpu])
     a2.set_ylim(0, max(row[k] for _, row in cpu for k in ("seed_gbps", "ours_gbps", "ours_out_gbps")) * 1.45)
     a2.set_ylabel("GB/s (bytes read + written)")
-    a2.set_title("this 2-core CPU: 8 matrices 2048x4096\n(bit-exact vs the seed)")
+    a2.set_title("a 2-core CPU: 8 matrices 2048x4096\n(bit-exact vs the seed)")
     a2.legend(loc="upper right", fontsize=9)
     fig.suptitle("FP4 + E8M0 -> BF16 decode bandwidth (scripts/bench/bench_decode.py)", weight="bold", y=1.02)
     save(fig, out, "decode.png", made)
@@ -240,7 +240,7 @@ def chart_startup(ev: Path, out: Path, made: list[str]) -> None:
     ax.set_ylabel(f"wall time, ms (median of {s['runs']} runs)")
     load = f", load average {s['loadavg'][0]:.1f}" if "loadavg" in s else ""
     ax.set_title("Start-up of the light commands vs `import click` (scripts/bench/bench_startup.py)\n"
-                 f"this {s.get('cores', 2)}-core CPU, {s.get('date', '2026-12-01')}{load}")
+                 f"a {s.get('cores', 2)}-core CPU, {s.get('date', '2026-12-01')}{load}")
     save(fig, out, "startup.png", made)
 
 
@@ -465,7 +465,7 @@ def main() -> None:
     diagram_ep(out, made)
     render_terminal(out / "terminal-convert.txt", out / "terminal-convert.png",
                     "tmux capture-pane -p: fimoe-convert --dry-run, then the conversion at 49% "
-                    "(2026-12-01, this 2-core CPU)", made)
+                    "(2026-12-01, a 2-core CPU)", made)
     if not args.no_docs:
         update_docs(REPO / "docs" / "PERFORMANCE.md", rows_v4)
     print(f"{len(made)} images: {', '.join(made)}")
