@@ -341,7 +341,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
 
     The token comes from HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
     Hub. An interrupted upload resumes when the same command runs again."""
-    from .hub import upload
+    from .upload import upload
 
     ctx = click.get_current_context()
     ctx.meta[ON_INTERRUPT] = "run the same command again to resume (what reached the Hub is not sent again)"
@@ -370,7 +370,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
 def download_cmd(src, revision, as_json):
     """Fetch the files a conversion of the Hub repo SRC reads (weights, configs, tokenizer) into the Hugging Face
     cache (HF_HUB_CACHE), resumably; a later conversion (or an image build) then runs with --offline."""
-    from .files.source import download
+    from .files.hub_source import download
 
     r = download(src, revision)
     _emit(r, as_json, f"{src}@{r['revision']}: {plural(r['files'], 'file')}, {human(r['bytes'])} in {r['path']}")

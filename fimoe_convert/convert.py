@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,18 +22,17 @@ from .errors import InputError, ValidationError
 from .files.lock import OutLock
 from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
                            remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
-from .files.safetensors import INDEX_NAME, remove_own_temporaries
+from .files.atomic import remove_own_temporaries
+from .files.names import INDEX_NAME
 from .files.source import Source, open_source
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
-from .files.hashing import ParallelHashes
-from .pipeline.lanes import Lanes, lane_budget, lane_count
-from .sizes import human
+from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
+from .pipeline.lanes import Lanes
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
-CORES_PER_HASH = 4  # input sha256 threads: at most one per this many cores
 log = logging.getLogger("fimoe_convert")
 
 
@@ -115,7 +113,7 @@ def convert(
     group.barrier()  # every rank has checked OUT before rank 0 creates it
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, tgt, flags.shard_bytes)
-    biggest = _check_memory(plan, flags, max_memory, source.model.n_routed_experts)
+    biggest = _check_memory(plan, flags, source.model.n_routed_experts)
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
         # 4. What an earlier run into OUT left, if it read the same source files.
@@ -143,6 +141,7 @@ def convert(
         result.bytes_written = sum(s.nbytes for s in todo)
         lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
         hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
+        on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
         mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = hashes.result()
@@ -184,10 +183,10 @@ def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: li
 def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int,
             write_bytes: int) -> tuple[int, int, int]:
     """(lanes, bytes of each lane's budget, input hash threads) for writing `shards` shards."""
-    budget = lane_budget(flags.memory_bytes, biggest)
-    lanes = lane_count(flags.writers, shards, flags.memory_bytes, budget)
+    budget = flags.memory.lane_bytes(biggest)
+    lanes = flags.memory.lane_count(flags.writers, shards, budget)
     # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
-    threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
+    threads = min(hash_threads(CORES_PER_INPUT_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
     log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", shards, lanes, budget,
              threads)
     return lanes, budget, threads
@@ -238,21 +237,14 @@ def tool_versions() -> dict:
             "safetensors": versions.installed("safetensors"), "flashinfer": versions.installed("flashinfer-python")}
 
 
-def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -> int:
-    """The largest unit's output bytes; refuses a --max-memory below what that unit needs (its output and its
-    inputs, about twice the output), naming the memory and the --ep-size that would fit."""
+def _check_memory(plan: Plan, flags: ConvertOptions, experts: int) -> int:
+    """The largest unit's output bytes, refused (MemoryBudget.check_unit) when that unit does not fit."""
     biggest = max(plan.units.values(), key=lambda u: u.out_bytes, default=None)
-    size = biggest.out_bytes if biggest else 0
-    need = 2 * size
-    if need > flags.memory_bytes:
-        ep = flags.target.ep_size
-        fits = next((d for d in range(ep + 1, experts + 1) if experts % d == 0 and need * ep / d <= flags.memory_bytes),
-                    None)
-        hint = (f", or use --ep-size {fits} (about {human(need * ep / fits)} a unit)"
-                if fits and flags.kernel.kernel_name else "")
-        raise ValidationError([f"--max-memory {max_memory}: one unit of work ({biggest.key}) needs about {human(need)} "
-                               f"(its output and its inputs); raise --max-memory to at least {human(need)}{hint}"])
-    return size
+    if biggest is None:
+        return 0
+    flags.memory.check_unit(biggest.key, biggest.out_bytes, flags.target.ep_size, experts,
+                            by_rank=bool(flags.kernel.kernel_name))
+    return biggest.out_bytes
 
 
 def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> dict:

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-from ..files.safetensors import IO_BLOCK
+from ..budget import IO_BLOCK
 from ..files.source import Source
 from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped

@@ -21,7 +21,10 @@ import torch
 
 from ..checkpoint import EXPERT_LEGS, VARIANTS, natural_key
 from ..dtypes import FP4_GROUP
-from ..files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes, build_header
+from ..files.atomic import atomic_write_bytes
+from ..files.names import INDEX_NAME
+from ..files.st_header import PlannedTensor, build_header
+from ..files.st_writer import ShardWriter
 
 BLOCK = 128  # FP8 block size of attention and shared-expert weights
 HC = 4  # hyper-connection copies

@@ -28,7 +28,7 @@ import torch
 
 from ..checkpoint import natural_key
 from ..dtypes import FP4_GROUP
-from ..files.safetensors import INDEX_NAME
+from ..files.names import INDEX_NAME
 
 BLOCK = 128  # FP8 tile of the dense linears (quantization_config.weight_block_size)
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
