@@ -28,6 +28,7 @@ from .sizes import human
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
+PRESET_PARAMS = "fimoe_convert.preset_params"  # ctx.meta key: the --config file's params, merged with --param
 EXAMPLES = """\b
 Examples:
   fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --target fp8_block --param scale_dtype=f32
@@ -134,6 +135,32 @@ def _params(pairs: tuple[str, ...]) -> dict:
     return dict(p.split("=", 1) for p in pairs)
 
 
+def _preset(ctx: click.Context, param, path: str | None) -> str | None:
+    """--config (eager, so before the other flags): the preset's values become the command's defaults
+    (ctx.default_map), converted by the command's own flag types; a value they refuse names the file and the key.
+    Its `params` merge with --param in the command."""
+    if path is None or ctx.resilient_parsing:
+        return path
+    from .files.preset import load_preset
+
+    preset = load_preset(path)
+    preset.pop("model", None)
+    ctx.meta[PRESET_PARAMS] = preset.pop("params", {})
+    flags = {p.name: p for p in ctx.command.params}
+    problems = []
+    for key, value in preset.items():
+        try:
+            flags[key].type_cast_value(ctx, value)
+        except (click.BadParameter, TypeError, ValueError) as e:  # click's int() lets TypeError through for a list
+            why = getattr(e, "message", None) or str(e)
+            problems.append(f"--config {path}: {key} is {value!r}: {why.rstrip('.')}; correct it in the file "
+                            f"(or give --{key.replace('_', '-')} on the command line)")
+    if problems:
+        raise UsageError("; ".join(problems), problems)
+    ctx.default_map = {**(ctx.default_map or {}), **preset}
+    return path
+
+
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXAMPLES)
 @click.version_option(__version__, prog_name="fimoe-convert")
 def main() -> None:
@@ -173,7 +200,7 @@ def main() -> None:
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
 @click.option("--writers", type=int, default=None,
               help="Output shards written and hashed at once (default: from the cores and --max-memory).")
-@click.option("--config", "config", default=None, metavar="FILE",
+@click.option("--config", "config", default=None, metavar="FILE", is_eager=True, callback=_preset,
               help="A preset (configs/convert/*.toml); flags given here override it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("-v", "--verbose", count=True, help="Show the steps (-v) and details (-vv).")
@@ -184,15 +211,7 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
 
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
-    params = _params(params)
-    if config:
-        from .files.preset import load_preset
-
-        preset = load_preset(config)
-        preset.pop("model", None)
-        params = {**preset.pop("params", {}), **params}
-        flags.update({k: v for k, v in preset.items()
-                      if ctx.get_parameter_source(k) is click.core.ParameterSource.DEFAULT})
+    params = {**ctx.meta.get(PRESET_PARAMS, {}), **_params(params)}  # --param wins over the preset's, key by key
     ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
     progress = Progress("converting", enabled=not (quiet or as_json))
     checking = Progress("checking kept shards", enabled=not (quiet or as_json))
