@@ -250,12 +250,3 @@ def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[in
                 raise RuntimeError(f"fp4_to_fp8_block: the lossy table and the float check disagree in tile row {i}")
             max_abs[i], max_rel[i] = ref.max_abs[0], ref.max_rel[0]
     return Fp8BlockResult(weight, tile_bytes, lossy, max_abs, max_rel)
-
-
-def dequant_fp8_block_to_f32(weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """FP8 E4M3 [out, in] with one scale per `block` tile (float32, or E8M0 as float8_e8m0fnu) -> float32
-    [out, in], the product done in float32."""
-    rows, cols = (int(b) for b in block)
-    s = e8m0_to_f32(scales) if scales.dtype in (torch.float8_e8m0fnu, torch.uint8) else scales.float()
-    out, inp = weight.shape
-    return weight.float() * s.repeat_interleave(rows, 0)[:out].repeat_interleave(cols, 1)[:, :inp]
