@@ -107,7 +107,8 @@ class Cli(click.Group):
                 raise
             except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
                 what = one_line(" ".join(str(e).split()))[:500]
-                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input problem: "
+                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input "
+                           "problem: "
                            "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
                 sys.exit(1)
 
@@ -249,11 +250,13 @@ def _skipped(res) -> str:
 
 
 def _dry_run_text(res) -> str:
-    rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  {plural(r['tensors'], 'tensor')}  "
+    rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  "
+                     f"{plural(r['tensors'], 'tensor')}  "
                      f"{human(r['bytes'])}{'  (kept)' if r['kept'] else ''}" for r in res.plan)
     enough = "" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"
     return (f"plan for --target {res.target} on {res.device}: {plural(res.shards, 'shard')}\n{rows}\n"
-            f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}{enough}\n"
+            f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, "
+            f"free disk {human(res.free_disk)}{enough}\n"
             f"{res.estimate}" + _skipped(res))
 
 
@@ -295,7 +298,8 @@ def _converted_text(r: dict) -> str:
         f"{r['source']}: a fimoe-convert output for --target {t['name']}"
         + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
         + f", EP size {r['ep_size']}, {'complete' if r['complete'] else 'NOT complete (run with --resume)'}",
-        f"converted from {origin['repo_id'] or origin['spec']}" + (f" at {origin['revision']}" if origin.get("revision") else "")
+        f"converted from {origin['repo_id'] or origin['spec']}"
+        + (f" at {origin['revision']}" if origin.get("revision") else "")
         + f" by fimoe-convert {r['tool']['version']}: {plural(r['files'], 'file')}, {human(r['bytes'])}",
         f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
         f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",

@@ -12,22 +12,34 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
-from .files.lock import OutLock
-from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
-                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
 from .files.atomic import remove_own_temporaries
+from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
+from .files.lock import OutLock
 from .files.names import INDEX_NAME
+from .files.output import (
+    SCHEMA,
+    LiveManifest,
+    check_out,
+    copy_file,
+    file_record,
+    free_disk,
+    prepare_out,
+    remove_rank_status,
+    write_json,
+    write_manifest,
+    write_rank_status,
+    write_text,
+)
 from .files.source import Source, open_source
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
-from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
 from .pipeline.lanes import Lanes
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target

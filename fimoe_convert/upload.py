@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
-from .files.output import MANIFEST_NAME, file_sizes, path_kind, read_manifest, verify_files
-from .files.output import strays as stray_files
+from .files.output import MANIFEST_NAME, file_sizes, path_kind, read_manifest, strays as stray_files, verify_files
 from .sizes import human
 
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")

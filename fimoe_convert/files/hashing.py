@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Hashable
 
 from ..budget import IO_BLOCK
 

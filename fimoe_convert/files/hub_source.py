@@ -69,7 +69,8 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     path = Path(spec).expanduser()
     if path.is_dir():
         if revision:
-            raise UsageError(f"--revision {revision}: SRC {spec!r} is a local folder; --revision applies to Hub repos only")
+            raise UsageError(f"--revision {revision}: SRC {spec!r} is a local folder; --revision applies to Hub "
+                             "repos only")
         root = path.resolve()
         return root, root, None, None
     if path.exists():
@@ -89,7 +90,8 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
                                                           cache_dir=os.environ.get("HF_HUB_CACHE")))
     except LocalEntryNotFoundError:
         hint = "run once without --offline/HF_HUB_OFFLINE=1 to fetch it" if offline else "check the network"
-        raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; {hint}") from None
+        raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; "
+                         f"{hint}") from None
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
                          "check the repo id, --revision and your token (HF_TOKEN)") from None

@@ -1,11 +1,26 @@
 """Former home of the safetensors code, re-exporting its public names until every importer (files/lock.py's
 `write_failed`) names the new modules: st_header.py, st_reader.py, st_writer.py, atomic.py, names.py, hashing.py."""
 
-from .atomic import (WrittenFile, atomic_write_bytes, atomic_write_stream, fsync_dir, remove_own_temporaries,
-                     write_failed)
+from .atomic import (
+                     WrittenFile,
+                     atomic_write_bytes,
+                     atomic_write_stream,
+                     fsync_dir,
+                     remove_own_temporaries,
+                     write_failed,
+)
 from .hashing import sha256_file
 from .names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX
-from .st_header import MAX_HEADER_BYTES, Header, PlannedTensor, TensorInfo, as_typed, build_header, parse_header, read_header
+from .st_header import (
+                     MAX_HEADER_BYTES,
+                     Header,
+                     PlannedTensor,
+                     TensorInfo,
+                     as_typed,
+                     build_header,
+                     parse_header,
+                     read_header,
+)
 from .st_reader import read_bytes, read_tensors
 from .st_writer import ShardWriter, write_file
 

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from ..checkpoint import (EXPERT_LEGS, ModelSpec, check_counts, expected_expert_tensors, model_spec_from_config,
-                          natural_key, parse_expert_name)
+from ..checkpoint import (
+    EXPERT_LEGS,
+    ModelSpec,
+    check_counts,
+    expected_expert_tensors,
+    model_spec_from_config,
+    natural_key,
+    parse_expert_name,
+)
 from ..errors import InputError, ValidationError
-from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
 from .hashing import sha256_file
 from .hub_source import SHA256_RE, local_dir_sha256, remote_headers, resolve_source_root
+from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
 from .names import INDEX_NAME, SINGLE_NAME, is_tool_name
 from .paths import name_problem
 from .st_header import Header, TensorInfo, as_typed, read_header
@@ -179,7 +186,7 @@ def identity_change(old: dict, new: dict) -> str:
         if type(ns) is not int:
             return "unknown"
         try:
-            return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+            return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
         except (OverflowError, OSError, ValueError):
             return str(ns)
 
@@ -345,7 +352,8 @@ def check_experts(model: ModelSpec, tensors: dict[str, TensorInfo]) -> list[str]
         problems += [text for _, text in wrong]
     if stray:
         problems.append(f"{len(stray)} routed-expert tensors lie outside the {len(blocks)} MoE blocks x "
-                        f"{model.n_routed_experts} experts that config.json declares, e.g. {', '.join(sorted(stray)[:MAX_EXAMPLES])}; "
+                        f"{model.n_routed_experts} experts that config.json declares, e.g. "
+                        f"{', '.join(sorted(stray)[:MAX_EXAMPLES])}; "
                         "config.json contradicts the tensors")
     for block in model.moe_blocks:
         missing = [f"{block}.ffn.experts.{j}.{leg}.{kind}"

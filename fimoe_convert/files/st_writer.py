@@ -222,7 +222,7 @@ class ShardWriter:
         track_temporary(self.tmp, True)
         try:
             try:
-                f = open(self.tmp, "wb", buffering=0, opener=_direct_opener)
+                f = open(self.tmp, "wb", buffering=0, opener=_direct_opener)  # noqa: SIM115 - _StagedFile closes it
             except OSError as e:
                 raise write_failed(self.path, e) from e
             self._out = _StagedFile(f, self.path)

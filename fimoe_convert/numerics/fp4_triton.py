@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import torch
 
-from ..dtypes import FP4_GROUP
-
 BLOCK_GROUPS = 64  # scale groups per program 1 KiB of codes in, 4 KiB of BF16 out
 NUM_WARPS = 2  # with BLOCK_GROUPS 64: 92% of copy on the H200, best of the sweep (docs/PERFORMANCE.md)
 LOAD_BYTES = 4  # code bytes per thread per load: see the kernel

@@ -113,7 +113,8 @@ class Fp8BlockResult:
 def _check_args(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes of codes and scales; the scale bytes (uint8), checked for 255."""
     if packed.dim() != 2 or packed.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"FP4 codes must be a 2-D int8/uint8 tensor [out, in/2], got {packed.dtype} {tuple(packed.shape)}")
+        raise TypeError(f"FP4 codes must be a 2-D int8/uint8 tensor [out, in/2], got {packed.dtype} "
+                        f"{tuple(packed.shape)}")
     sb = scale_bytes(scales)
     out_dim, k_half = packed.shape
     k = 2 * k_half

@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..files.atomic import WrittenFile
+from ..files.source import Source
 from ..files.st_header import PlannedTensor
 from ..files.st_writer import ShardWriter
-from ..files.source import Source
 from ..plan import OutShard, Plan
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes

@@ -62,7 +62,8 @@ class FixtureSpec:
 PRESETS: dict[str, FixtureSpec] = {
     "tiny": FixtureSpec(),
     # V4-Flash expert geometry with few experts and layers: 5 MoE blocks x 16 experts, ~4 GB of BF16 out.
-    "flash-geometry": FixtureSpec(hidden=VARIANTS["V4-Flash"].hidden_size, inter=VARIANTS["V4-Flash"].moe_intermediate_size,
+    "flash-geometry": FixtureSpec(hidden=VARIANTS["V4-Flash"].hidden_size,
+                                  inter=VARIANTS["V4-Flash"].moe_intermediate_size,
                                   experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
                                   vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
                                   extreme_scales=False),
@@ -355,7 +356,8 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
     return out
 
 
-def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, commit: str = "c0ffee" * 6 + "c0ff") -> Path:
+def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str,
+                   commit: str = "c0ffee" * 6 + "c0ff") -> Path:
     """Lay `ckpt_dir` out as a Hugging Face cache entry (blobs named by sha256, snapshot links, refs/main),
     so the real huggingface_hub code resolves `repo_id` offline. Returns the snapshot folder."""
     import hashlib

@@ -1,7 +1,7 @@
 """A tiny random DeepSeek V4 made by transformers' own classes (`DeepseekV4Config`, `DeepseekV4ForCausalLM`), written
 in DeepSeek's release format, and its logits as transformers computes them: the real client the outputs of the
-dense targets are checked against (tests/engines/test_engines_transformers.py). Needs transformers >= 5.24 and accelerate
-(the `test` extra); both are imported inside the functions.
+dense targets are checked against (tests/engines/test_engines_transformers.py). Needs transformers >= 5.24 and
+accelerate (the `test` extra); both are imported inside the functions.
 
 Release format (what deepseek-ai/DeepSeek-V4-Flash ships; no `model.` prefix):
   embed.weight, head.weight, norm.weight                      BF16
