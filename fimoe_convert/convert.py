@@ -113,16 +113,8 @@ def convert(
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
-    weights = not dry_run or resume
-    source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline, weights=weights))
-    problems = list(error.problems) if error else []
-    tgt = None
-    if source is not None:
-        tgt = make_target(flags.kernel, source.model, flags.target)
-        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
-    if problems:
-        raise ValidationError(problems)
-    group.barrier()  # every rank has checked OUT before rank 0 creates it
+    source, tgt = _checked(group, lambda: open_source(src, revision=revision, offline=offline,
+                                                      weights=not dry_run or resume), flags, out_dir, resume, overwrite)
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, tgt, flags.shard_bytes)
     biggest = _check_memory(plan, flags, source.model.n_routed_experts)
@@ -134,20 +126,15 @@ def convert(
         kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
         if old is not None:
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
-        # 5. The plan and the free disk; a dry run ends here.
+        # 5. The plan and the free disk; a dry run ends here, with its estimate.
         todo = [s for s in plan.shards if s.filename not in kept]
         result = _result(out_dir, source, tgt, plan, kept, todo, dry_run)
         if dry_run:
-            result.estimate = eta.estimate(source, tgt, plan)[0]
-            result.seconds = time.perf_counter() - t0
+            result.estimate, result.seconds = eta.estimate(source, tgt, plan)[0], time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
-        manifest = LiveManifest(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group.rank == 0)
+        manifest = _first_write(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group, overwrite)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
-        if group.rank == 0:
-            prepare_out(out_dir, overwrite)
-            write_manifest(out_dir, manifest.data)
-        group.barrier()
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
@@ -166,6 +153,22 @@ def convert(
             result.report = manifest.data["report"]
         group.barrier()
     group.close()
+    return _done(result, flags, t0)
+
+
+def _first_write(out_dir: Path, first: dict, group: Group, overwrite: bool) -> LiveManifest:
+    """OUT made ready (an earlier conversion cleared with --overwrite) and the first manifest written by rank 0,
+    before any shard; every rank waits for it."""
+    manifest = LiveManifest(out_dir, first, group.rank == 0)
+    if group.rank == 0:
+        prepare_out(out_dir, overwrite)
+        write_manifest(out_dir, manifest.data)
+    group.barrier()
+    return manifest
+
+
+def _done(result: ConvertResult, flags: ConvertOptions, t0: float) -> ConvertResult:
+    """The result with the run's seconds and, on CUDA, the device memory peak."""
     if flags.target.device == "cuda":
         import torch
 
@@ -173,6 +176,22 @@ def convert(
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+def _checked(group: Group, opening: Callable[[], Source], flags: ConvertOptions, out_dir: Path, resume: bool,
+             overwrite: bool) -> tuple[Source, object]:
+    """(SRC, the target) once SRC opens, the target fits the model and the options, and OUT may be written; every
+    problem of the three at once (ValidationError). Ends when every rank has checked OUT."""
+    source, error = group.per_node(opening)
+    problems = list(error.problems) if error else []
+    tgt = None
+    if source is not None:
+        tgt = make_target(flags.kernel, source.model, flags.target)
+        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
+    if problems:
+        raise ValidationError(problems)
+    group.barrier()  # every rank has checked OUT before rank 0 creates it
+    return source, tgt
 
 
 def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],

@@ -127,59 +127,69 @@ def _config_block(spec: FixtureSpec) -> int:
     return BLOCK if spec.dialect == "v4" else 32
 
 
+def _fp8(t: dict, spec: FixtureSpec, name: str, out: int, inp: int) -> None:
+    """An FP8 linear: weight and its tile scales (E8M0 or F32)."""
+    lb = spec.linear_block or BLOCK
+    t[f"{name}.weight"] = ("fp8", (out, inp), None)
+    t[f"{name}.scale"] = ("e8m0" if spec.linear_scales == "e8m0" else "f32scale",
+                          (math.ceil(out / lb), math.ceil(inp / lb)), None)
+
+
+def _block(t: dict, spec: FixtureSpec, prefix: str, hashed: bool, compressor: bool) -> None:
+    """One transformer block's tensors (attention, router, shared and routed experts), in checkpoint order."""
+    h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
+    eb = _config_block(spec)
+    t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
+    t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
+    for part in ("attn", "ffn"):
+        t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
+        t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
+        t[f"{prefix}.hc_{part}_scale"] = ("f32", (3,), None)
+    a = f"{prefix}.attn"
+    _fp8(t, spec, f"{a}.wq_a", spec.q_lora, h)
+    t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
+    _fp8(t, spec, f"{a}.wq_b", spec.heads * spec.head_dim, spec.q_lora)
+    _fp8(t, spec, f"{a}.wkv", spec.head_dim, h)
+    t[f"{a}.kv_norm.weight"] = ("bf16", (spec.head_dim,), None)
+    _fp8(t, spec, f"{a}.wo_a", spec.o_lora, spec.heads * spec.head_dim)
+    _fp8(t, spec, f"{a}.wo_b", h, spec.o_lora)
+    t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
+    if compressor:
+        t[f"{a}.compressor.wkv.weight"] = ("bf16", (2 * spec.head_dim, h), None)
+        t[f"{a}.compressor.wgate.weight"] = ("bf16", (2 * spec.head_dim, h), None)
+        t[f"{a}.compressor.ape"] = ("f32", (4, 2 * spec.head_dim), None)
+        t[f"{a}.compressor.norm.weight"] = ("bf16", (spec.head_dim,), None)
+    f = f"{prefix}.ffn"
+    t[f"{f}.gate.weight"] = ("bf16", (e, h), None)
+    if hashed:
+        t[f"{f}.gate.tid2eid"] = ("tid2eid", (v, spec.top_k), None)
+    else:
+        t[f"{f}.gate.bias"] = ("f32", (e,), None)
+    _fp8(t, spec, f"{f}.shared_experts.w1", i, h)
+    _fp8(t, spec, f"{f}.shared_experts.w3", i, h)
+    _fp8(t, spec, f"{f}.shared_experts.w2", h, i)
+    for j in range(e):
+        for leg in EXPERT_LEGS:
+            out, inp = (h, i) if leg == "w2" else (i, h)
+            name = f"{f}.experts.{j}.{leg}"
+            if spec.expert_dtype == "fp4":
+                t[f"{name}.weight"] = ("fp4", (out, inp // 2), None)
+                t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
+            else:
+                t[f"{name}.weight"] = ("fp8", (out, inp), None)
+                t[f"{name}.scale"] = ("f32scale", (math.ceil(out / eb), math.ceil(inp / eb)), None)
+
+
 def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
     """name -> (kind, shape, extra); data is made on demand by `_make`."""
-    h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
+    h, v = spec.hidden, spec.vocab
     t: dict[str, tuple] = {}
 
-    lb = spec.linear_block or BLOCK
-    eb = _config_block(spec)
-
     def fp8(name, out, inp):
-        t[f"{name}.weight"] = ("fp8", (out, inp), None)
-        t[f"{name}.scale"] = ("e8m0" if spec.linear_scales == "e8m0" else "f32scale",
-                              (math.ceil(out / lb), math.ceil(inp / lb)), None)
+        _fp8(t, spec, name, out, inp)
 
     def block(prefix, hashed, compressor):
-        t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
-        t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
-        for part in ("attn", "ffn"):
-            t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
-            t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
-            t[f"{prefix}.hc_{part}_scale"] = ("f32", (3,), None)
-        a = f"{prefix}.attn"
-        fp8(f"{a}.wq_a", spec.q_lora, h)
-        t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
-        fp8(f"{a}.wq_b", spec.heads * spec.head_dim, spec.q_lora)
-        fp8(f"{a}.wkv", spec.head_dim, h)
-        t[f"{a}.kv_norm.weight"] = ("bf16", (spec.head_dim,), None)
-        fp8(f"{a}.wo_a", spec.o_lora, spec.heads * spec.head_dim)
-        fp8(f"{a}.wo_b", h, spec.o_lora)
-        t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
-        if compressor:
-            t[f"{a}.compressor.wkv.weight"] = ("bf16", (2 * spec.head_dim, h), None)
-            t[f"{a}.compressor.wgate.weight"] = ("bf16", (2 * spec.head_dim, h), None)
-            t[f"{a}.compressor.ape"] = ("f32", (4, 2 * spec.head_dim), None)
-            t[f"{a}.compressor.norm.weight"] = ("bf16", (spec.head_dim,), None)
-        f = f"{prefix}.ffn"
-        t[f"{f}.gate.weight"] = ("bf16", (e, h), None)
-        if hashed:
-            t[f"{f}.gate.tid2eid"] = ("tid2eid", (v, spec.top_k), None)
-        else:
-            t[f"{f}.gate.bias"] = ("f32", (e,), None)
-        fp8(f"{f}.shared_experts.w1", i, h)
-        fp8(f"{f}.shared_experts.w3", i, h)
-        fp8(f"{f}.shared_experts.w2", h, i)
-        for j in range(e):
-            for leg in EXPERT_LEGS:
-                out, inp = (h, i) if leg == "w2" else (i, h)
-                name = f"{f}.experts.{j}.{leg}"
-                if spec.expert_dtype == "fp4":
-                    t[f"{name}.weight"] = ("fp4", (out, inp // 2), None)
-                    t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
-                else:
-                    t[f"{name}.weight"] = ("fp8", (out, inp), None)
-                    t[f"{name}.scale"] = ("f32scale", (math.ceil(out / eb), math.ceil(inp / eb)), None)
+        _block(t, spec, prefix, hashed, compressor)
 
     t["embed.weight"] = ("bf16", (v, h), None)
     for li in range(spec.layers):
