@@ -19,9 +19,9 @@ def test_unit_bytes_is_64_mib_or_a_32nd_of_the_budget(total, unit):
 
 
 @pytest.mark.parametrize("total, out_bytes, by_rank, match", [
-    (100 * MiB, 60 * MiB, True, r"^--max-memory 100MiB: one unit of work \(u\) needs about 125.83 MB \(its output and its "
-                                r"inputs\); raise --max-memory to at least 125.83 MB, or use --ep-size 2 \(about 62.91 MB "
-                                r"a unit\)$"),
+    (100 * MiB, 60 * MiB, True, r"^--max-memory 100MiB: one unit of work \(u\) needs about 125.83 MB \(its output "
+                                r"and its inputs\); raise --max-memory to at least 125.83 MB, or use --ep-size 2 "
+                                r"\(about 62.91 MB a unit\)$"),
     (100 * MiB, 60 * MiB, False, r"^--max-memory 100MiB: .* raise --max-memory to at least 125.83 MB$"),
 ])
 def test_a_unit_that_does_not_fit_is_refused_naming_memory_and_ep_size(total, out_bytes, by_rank, match):
@@ -55,7 +55,7 @@ def test_lane_count(monkeypatch, cores, writers, shards, total, lanes):
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     budget = MemoryBudget(total)
     assert budget.lane_count(writers, shards, budget.lane_bytes(1 * MiB)) == lanes
-    assert STAGE_BLOCKS * IO_BLOCK == 48 * MiB
+    assert 48 * MiB == STAGE_BLOCKS * IO_BLOCK
 
 
 @pytest.mark.parametrize("text, parsed", [("0.7.4", (0, 7, 4)), ("0.7.4.post1", (0, 7, 4)), ("2.13.0+cpu", (2, 13, 0)),

@@ -83,7 +83,8 @@ def test_a_bad_preset_names_the_file_and_the_key(tmp_path, text, match):
 
 
 @pytest.mark.parametrize("text, match", [
-    ('ep_size = "eight"\n', r"ep_size is 'eight': 'eight' is not a valid integer; correct it in the file \(or give --ep-size"),
+    ('ep_size = "eight"\n', r"ep_size is 'eight': 'eight' is not a valid integer; correct it in the file "
+                            r"\(or give --ep-size"),
     ('device = "tpu"\n', r"device is 'tpu': 'tpu' is not one of 'auto', 'cpu', 'cuda'"),
     ('writers = [2]\n', r"writers is \[2\]: int\(\) argument must be"),
 ])
@@ -91,7 +92,8 @@ def test_a_preset_value_the_flag_refuses_names_the_file_and_the_key(tiny_ckpt, t
     """The preset's values are converted by the flags' own types (click's default_map), exit 2."""
     path = tmp_path / "p.toml"
     path.write_text(text)
-    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--config", str(path), "--dry-run"])
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--config", str(path),
+                                  "--dry-run"])
     assert r.exit_code == 2, r.output
     assert re.search(rf"^error: --config {re.escape(str(path))}: {match}", r.output), r.output
     assert not (tmp_path / "out").exists()
@@ -109,5 +111,6 @@ def test_preset_values_become_the_flags_defaults(tiny_ckpt, tmp_path):
         return res["target"], res["plan"]
 
     assert plan("--config", str(path)) == plan("--target", "fp8_block", "--shard-size", "300KB")
-    assert plan("--config", str(path), "--shard-size", "100KB") == plan("--target", "fp8_block", "--shard-size", "100KB")
+    assert (plan("--config", str(path), "--shard-size", "100KB")
+            == plan("--target", "fp8_block", "--shard-size", "100KB"))
     assert plan("--shard-size", "100KB") != plan("--shard-size", "300KB")  # the sizes make different plans
