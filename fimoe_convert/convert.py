@@ -10,31 +10,41 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
+from .files.atomic import remove_own_temporaries
+from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
 from .files.lock import OutLock
-from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
-                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
-from .files.safetensors import INDEX_NAME, remove_own_temporaries
+from .files.names import INDEX_NAME
+from .files.output import (
+    SCHEMA,
+    LiveManifest,
+    check_out,
+    copy_file,
+    file_record,
+    free_disk,
+    prepare_out,
+    remove_rank_status,
+    write_json,
+    write_manifest,
+    write_rank_status,
+    write_text,
+)
 from .files.source import Source, open_source
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
-from .files.hashing import ParallelHashes
-from .pipeline.lanes import Lanes, lane_budget, lane_count
-from .sizes import human
+from .pipeline.lanes import Lanes
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
-CORES_PER_HASH = 4  # input sha256 threads: at most one per this many cores
 log = logging.getLogger("fimoe_convert")
 
 
@@ -103,19 +113,11 @@ def convert(
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
-    weights = not dry_run or resume
-    source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline, weights=weights))
-    problems = list(error.problems) if error else []
-    tgt = None
-    if source is not None:
-        tgt = make_target(flags.kernel, source.model, flags.target)
-        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
-    if problems:
-        raise ValidationError(problems)
-    group.barrier()  # every rank has checked OUT before rank 0 creates it
+    source, tgt = _checked(group, lambda: open_source(src, revision=revision, offline=offline,
+                                                      weights=not dry_run or resume), flags, out_dir, resume, overwrite)
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, tgt, flags.shard_bytes)
-    biggest = _check_memory(plan, flags, max_memory, source.model.n_routed_experts)
+    biggest = _check_memory(plan, flags, source.model.n_routed_experts)
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
         # 4. What an earlier run into OUT left, if it read the same source files.
@@ -124,25 +126,21 @@ def convert(
         kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
         if old is not None:
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
-        # 5. The plan and the free disk; a dry run ends here.
+        # 5. The plan and the free disk; a dry run ends here, with its estimate.
         todo = [s for s in plan.shards if s.filename not in kept]
         result = _result(out_dir, source, tgt, plan, kept, todo, dry_run)
         if dry_run:
-            result.estimate = eta.estimate(source, tgt, plan)[0]
-            result.seconds = time.perf_counter() - t0
+            result.estimate, result.seconds = eta.estimate(source, tgt, plan)[0], time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
-        manifest = LiveManifest(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group.rank == 0)
+        manifest = _first_write(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group, overwrite)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
-        if group.rank == 0:
-            prepare_out(out_dir, overwrite)
-            write_manifest(out_dir, manifest.data)
-        group.barrier()
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
         lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
         hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
+        on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
         mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = hashes.result()
@@ -155,6 +153,22 @@ def convert(
             result.report = manifest.data["report"]
         group.barrier()
     group.close()
+    return _done(result, flags, t0)
+
+
+def _first_write(out_dir: Path, first: dict, group: Group, overwrite: bool) -> LiveManifest:
+    """OUT made ready (an earlier conversion cleared with --overwrite) and the first manifest written by rank 0,
+    before any shard; every rank waits for it."""
+    manifest = LiveManifest(out_dir, first, group.rank == 0)
+    if group.rank == 0:
+        prepare_out(out_dir, overwrite)
+        write_manifest(out_dir, manifest.data)
+    group.barrier()
+    return manifest
+
+
+def _done(result: ConvertResult, flags: ConvertOptions, t0: float) -> ConvertResult:
+    """The result with the run's seconds and, on CUDA, the device memory peak."""
     if flags.target.device == "cuda":
         import torch
 
@@ -162,6 +176,22 @@ def convert(
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+def _checked(group: Group, opening: Callable[[], Source], flags: ConvertOptions, out_dir: Path, resume: bool,
+             overwrite: bool) -> tuple[Source, object]:
+    """(SRC, the target) once SRC opens, the target fits the model and the options, and OUT may be written; every
+    problem of the three at once (ValidationError). Ends when every rank has checked OUT."""
+    source, error = group.per_node(opening)
+    problems = list(error.problems) if error else []
+    tgt = None
+    if source is not None:
+        tgt = make_target(flags.kernel, source.model, flags.target)
+        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
+    if problems:
+        raise ValidationError(problems)
+    group.barrier()  # every rank has checked OUT before rank 0 creates it
+    return source, tgt
 
 
 def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],
@@ -184,10 +214,10 @@ def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: li
 def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int,
             write_bytes: int) -> tuple[int, int, int]:
     """(lanes, bytes of each lane's budget, input hash threads) for writing `shards` shards."""
-    budget = lane_budget(flags.memory_bytes, biggest)
-    lanes = lane_count(flags.writers, shards, flags.memory_bytes, budget)
+    budget = flags.memory.lane_bytes(biggest)
+    lanes = flags.memory.lane_count(flags.writers, shards, budget)
     # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
-    threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
+    threads = min(hash_threads(CORES_PER_INPUT_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
     log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", shards, lanes, budget,
              threads)
     return lanes, budget, threads
@@ -238,21 +268,14 @@ def tool_versions() -> dict:
             "safetensors": versions.installed("safetensors"), "flashinfer": versions.installed("flashinfer-python")}
 
 
-def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -> int:
-    """The largest unit's output bytes; refuses a --max-memory below what that unit needs (its output and its
-    inputs, about twice the output), naming the memory and the --ep-size that would fit."""
+def _check_memory(plan: Plan, flags: ConvertOptions, experts: int) -> int:
+    """The largest unit's output bytes, refused (MemoryBudget.check_unit) when that unit does not fit."""
     biggest = max(plan.units.values(), key=lambda u: u.out_bytes, default=None)
-    size = biggest.out_bytes if biggest else 0
-    need = 2 * size
-    if need > flags.memory_bytes:
-        ep = flags.target.ep_size
-        fits = next((d for d in range(ep + 1, experts + 1) if experts % d == 0 and need * ep / d <= flags.memory_bytes),
-                    None)
-        hint = (f", or use --ep-size {fits} (about {human(need * ep / fits)} a unit)"
-                if fits and flags.kernel.kernel_name else "")
-        raise ValidationError([f"--max-memory {max_memory}: one unit of work ({biggest.key}) needs about {human(need)} "
-                               f"(its output and its inputs); raise --max-memory to at least {human(need)}{hint}"])
-    return size
+    if biggest is None:
+        return 0
+    flags.memory.check_unit(biggest.key, biggest.out_bytes, flags.target.ep_size, experts,
+                            by_rank=bool(flags.kernel.kernel_name))
+    return biggest.out_bytes
 
 
 def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> dict:

@@ -15,10 +15,12 @@ from typing import Callable
 
 from ..errors import InputError
 from .jsonfile import Hex64, ListOf, MapOf, NonNeg, Nullable, Obj, OneOf, check, read_json
-from .lock import LOCK_NAME
+from .atomic import atomic_write_bytes, atomic_write_stream
+from .hashing import sha256_file
+from .names import INDEX_NAME, LOCK_NAME, TMP_SUFFIX
 from .paths import name_problem
-from .safetensors import (INDEX_NAME, TMP_SUFFIX, atomic_write_bytes, atomic_write_stream, read_header, read_tensors,
-                          sha256_file)
+from .st_header import read_header
+from .st_reader import read_tensors
 
 SCHEMA = "fimoe-manifest/1"
 MANIFEST_NAME = "fimoe-manifest.json"

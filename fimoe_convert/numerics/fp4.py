@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
-from typing import Callable
-
 import torch
 
 from ..dtypes import FP4_GROUP

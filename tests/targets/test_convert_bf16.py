@@ -190,7 +190,7 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     name = "layers.2.ffn.experts.5.w2.scale"
     index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     shard = src / index[name]
-    from fimoe_convert.files.safetensors import read_header
+    from fimoe_convert.files.st_header import read_header
 
     info = read_header(shard).tensors[name]
     data = bytearray(shard.read_bytes())

@@ -14,7 +14,7 @@ from fimoe_convert.verify import verify
 from fimoe_convert.errors import CorruptTensorError, InputError, ValidationError
 from fimoe_convert.files.output import read_manifest
 from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
-from fimoe_convert.files.safetensors import read_header
+from fimoe_convert.files.st_header import read_header
 from fimoe_convert.files.source import open_source
 from fimoe_convert.testing import make_checkpoint
 

@@ -174,7 +174,7 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     src = make_checkpoint(tmp_path / "src", "tiny", layers=1, mtp=0, hash_layers=0)
     shard_of = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     name = "layers.0.ffn.experts.3.w2.scale"
-    from fimoe_convert.files.safetensors import read_header
+    from fimoe_convert.files.st_header import read_header
     info = read_header(src / shard_of[name]).tensors[name]
     data = bytearray((src / shard_of[name]).read_bytes())
     data[info.start] = 100  # one group 20 steps below the rest: the window cannot hold both
