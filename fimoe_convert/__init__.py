@@ -22,8 +22,9 @@ Where each job lives:
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
     files/             the only modules that open files, and the trust boundary: safetensors; SRC (a folder, or
-                       a Hub repo: remote.py reads headers without the weights); OUT (manifest, status, verify,
-                       the lock); one strict JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
+                       a Hub repo: remote.py reads headers without the weights); the manifest, typed once, and the
+                       per-rank status files (manifest.py); OUT's checks, clearing, verify, tensor reads (output.py);
+                       the lock; one strict JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions

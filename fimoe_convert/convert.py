@@ -21,8 +21,9 @@ from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.lock import OutLock
-from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
-                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
+from .files.manifest import (EpRecord, FileRecord, LiveManifest, Manifest, Options, SourceFile, SourceRecord,
+                             TargetRecord, Tool, remove_rank_status, write_manifest, write_rank_status)
+from .files.output import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.safetensors import INDEX_NAME, remove_own_temporaries
 from .files.source import Source, open_source
 from .hub import model_card
@@ -136,7 +137,7 @@ def convert(
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
         if group.rank == 0:
             prepare_out(out_dir, overwrite)
-            write_manifest(out_dir, manifest.data)
+            write_manifest(out_dir, manifest.manifest)
         group.barrier()
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
@@ -148,11 +149,11 @@ def convert(
         digests = hashes.result()
         manifest.close()
         for part in group.gather(mine):
-            manifest.data["files"].update(part)
-            manifest.data["status"].update({f: "written" for f in part})
+            manifest.manifest.files.update(part)
+            manifest.manifest.status.update({f: "written" for f in part})
         if group.rank == 0:
-            _finish(out_dir, source, tgt, plan, manifest.data, old, digests, command)
-            result.report = manifest.data["report"]
+            _finish(out_dir, source, tgt, plan, manifest.manifest, old, digests, command)
+            result.report = manifest.manifest.report
         group.barrier()
     group.close()
     if flags.target.device == "cuda":
@@ -255,33 +256,31 @@ def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -
     return size
 
 
-def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> dict:
+def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> Manifest:
     """The manifest before any shard: `source.files` holds every input's identity (size, mtime_ns, inode, dev) and
     its sha256 where known without reading it (`carried`: recorded by the run a --resume continues)."""
     model, opts = source.model, flags.target
-    files = {rel: {**source.identities[rel], "sha256": carried.get(rel) or source.known_sha256(rel)}
+    files = {rel: SourceFile(**source.identities[rel], sha256=carried.get(rel) or source.known_sha256(rel))
              for rel in source.input_files()}
-    return {
-        "schema": SCHEMA,
-        "complete": False,
-        "tool": tool_versions(),
-        "options": flags.record(),
-        "source": {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files},
-        "model": model.to_json(),
-        "target": tgt.record(),
-        "ep": {"world_size": opts.ep_size,
-               "expert_ranges": [list(r) for r in ep_ranges(model.n_routed_experts, opts.ep_size)]},
-        "layers": tgt.layers_record(list(plan.units.values())),
-        "files": dict(kept),
-        "status": {s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
-    }
+    return Manifest(
+        tool=Tool(**tool_versions()),
+        options=Options(**flags.record()),
+        source=SourceRecord(source.spec, source.repo_id, source.revision, files),
+        model=model.to_json(),
+        target=TargetRecord(**tgt.record()),
+        ep=EpRecord(opts.ep_size, tuple(tuple(r) for r in ep_ranges(model.n_routed_experts, opts.ep_size))),
+        layers=tgt.layers_record(list(plan.units.values())),
+        files=dict(kept),
+        status={s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
+        complete=False,
+    )
 
 
-def _source_record(source: Source, hashes: dict[str, str]) -> dict:
+def _source_record(source: Source, hashes: dict[str, str]) -> SourceRecord:
     """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
     elsewhere give the same manifest)."""
-    files = {rel: {"size": source.identities[rel]["size"], "sha256": hashes[rel]} for rel in source.input_files()}
-    return {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files}
+    files = {rel: SourceFile(source.identities[rel]["size"], hashes[rel]) for rel in source.input_files()}
+    return SourceRecord(source.spec, source.repo_id, source.revision, files)
 
 
 def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveManifest | None = None
@@ -289,10 +288,10 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
     finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
 
-    def add(m: dict, rel: str, sha: str) -> None:
-        rec = m["source"]["files"][rel]
-        resuming.check_sha(source.root / rel, sha, rec["sha256"], manifest.out_dir)  # a recorded hash stays
-        rec["sha256"] = sha
+    def add(m: Manifest, rel: str, sha: str) -> None:
+        rec = m.source.files[rel]
+        resuming.check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)  # a recorded hash stays
+        rec.sha256 = sha
 
     def record(rel: str, sha: str) -> None:
         if manifest is not None:
@@ -315,18 +314,18 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
                     seen.add(k)
                     first_units.setdefault(shard.filename, []).append(k)
     lock = threading.Lock()
-    mine: dict[str, dict] = {}
+    mine: dict[str, FileRecord] = {}
     done = 0
 
     def on_shard(shard: OutShard, rec) -> None:
         part = tgt.report(first_units.get(shard.filename, []))
 
-        def written(m: dict) -> None:
-            m["files"][shard.filename] = mine[shard.filename]
-            m["status"][shard.filename] = "written"
+        def written(m: Manifest) -> None:
+            m.files[shard.filename] = mine[shard.filename]
+            m.status[shard.filename] = "written"
 
         with lock:
-            mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256, **({"report": part} if part else {})}
+            mine[shard.filename] = FileRecord(rec.size, rec.sha256, part)
             if group.world == 1:
                 manifest.update(written)
             else:  # one status file per rank: ranks never rewrite the same file
@@ -346,7 +345,7 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
     return mine
 
 
-def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: dict, old: dict | None,
+def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: Manifest, old: Manifest | None,
             hashes: dict[str, str], command: str | None) -> None:
     """Metadata files last, so that a folder without them never looks complete: the index, the config, copies
     of SRC's small files, the model card, and the manifest with `complete: true`."""
@@ -359,13 +358,13 @@ def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: dict, old:
     for rel in copied:
         copy_file(source.root / rel, out_dir / rel)
     source.check_unchanged()  # every input is still the file the shards were read from
-    manifest["source"] = _source_record(source, hashes)
-    resuming.check_source_hashes(out_dir, old, manifest["source"])
+    manifest.source = _source_record(source, hashes)
+    resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
-    manifest["report"] = tgt.merge_reports([manifest["files"][s.filename].get("report", {}) for s in plan.shards])
+    manifest.report = tgt.merge_reports([manifest.files[s.filename].report for s in plan.shards])
     write_text(out_dir / "README.md", model_card(manifest, command=command))
     for rel in [INDEX_NAME, "config.json", "README.md", *copied]:
-        manifest["files"][rel] = file_record(out_dir / rel)
-    manifest["complete"] = True
+        manifest.files[rel] = file_record(out_dir / rel)
+    manifest.complete = True
     write_manifest(out_dir, manifest)
     remove_rank_status(out_dir)

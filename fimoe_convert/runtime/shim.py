@@ -19,7 +19,8 @@ import torch
 from .. import versions
 from ..errors import InputError, format_problems
 from ..kernels import suggested, vllm_backends
-from .loader import Manifest, load_manifest, load_transformed_weights
+from ..files.manifest import Manifest, TargetRecord
+from .loader import as_manifest, load_transformed_weights
 
 EPLB_FALLBACK = "flashinfer_cutlass"  # a vLLM MoE backend that supports EPLB
 
@@ -54,14 +55,6 @@ class EplbNotSupportedError(IncompatibleTargetError, NotImplementedError):
 
 # Helpers --------------------------------------------------------------------------------------------
 
-def _manifest(m: Manifest | dict | str | Path) -> Manifest:
-    if isinstance(m, Manifest):
-        return m
-    if isinstance(m, dict):
-        return Manifest(Path("."), m)
-    return load_manifest(m)
-
-
 def _cap_str(cap: tuple[int, int]) -> str:
     return f"{cap[0]}.{cap[1]}"
 
@@ -76,8 +69,8 @@ def installed_flashinfer_version() -> str | None:
     return versions.installed("flashinfer-python")
 
 
-def _target_desc(target: dict) -> str:
-    return f"--target {target['name']}"
+def _target_desc(target: TargetRecord) -> str:
+    return f"--target {target.name}"
 
 
 def _suggestion(cap: tuple[int, int]) -> str:
@@ -93,13 +86,13 @@ def _suggestion(cap: tuple[int, int]) -> str:
 
 def backend_spec(manifest: Manifest | dict | str | Path) -> FiMoeEpBackendSpec:
     """The FlashInfer kernel a converted output is for, and whether its runtime needs NVSHMEM."""
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     t = m.target
-    if not t.get("kernel_name"):
+    if not t.kernel_name:
         raise IncompatibleTargetError([
             f"{_target_desc(t)}: this output keeps BF16 experts for the engine's own MoE kernels and has no "
             "FlashInfer megakernel; convert with a FlashInfer target for one (`fimoe-convert targets`)"])
-    return FiMoeEpBackendSpec(megakernel=t["kernel_name"], needs_nvshmem=bool(t.get("needs_nvshmem")))
+    return FiMoeEpBackendSpec(megakernel=t.kernel_name, needs_nvshmem=t.needs_nvshmem)
 
 
 def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tuple[int, int] | None = None,
@@ -108,14 +101,14 @@ def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tupl
     capability (given, else the current CUDA device's, else not checked) is not one the target runs
     on; the EP world size is not the one the output was sharded for; the installed FlashInfer is
     older than the output needs (kernel targets only)."""
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     t = m.target
-    kernel = bool(t.get("kernel_name"))
+    kernel = bool(t.kernel_name)
     problems: list[str] = []
 
     if capability is None and torch.cuda.is_available():
         capability = tuple(torch.cuda.get_device_capability())
-    caps = [_parse_cap(c) for c in t.get("capabilities") or ()]
+    caps = [_parse_cap(c) for c in t.capabilities]
     if capability is not None and caps and tuple(capability) not in caps:
         cap = (int(capability[0]), int(capability[1]))
         problems.append(f"compute capability {_cap_str(cap)}: this output was converted with {_target_desc(t)}, "
@@ -127,7 +120,7 @@ def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tupl
 
     if kernel:
         need = versions.MIN_FLASHINFER
-        recorded = (m.data.get("tool") or {}).get("flashinfer")
+        recorded = m.tool.flashinfer
         if recorded:
             rec = versions.parse(recorded)[:2]
             if len(rec) == 2:
@@ -196,7 +189,7 @@ def ensure_runtime(bootstrap, manifest: Manifest | dict | str | Path):
     later calls with the same requirements and EP group return the same handle. Layers built after
     this can take `BootstrapConfig(..., auto_bootstrap=False)`."""
     global _STATE
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     check_compatible(m, ep_world_size=bootstrap.world_size)
     reqs = runtime_requirements(m)
     with _LOCK:
@@ -204,7 +197,7 @@ def ensure_runtime(bootstrap, manifest: Manifest | dict | str | Path):
             if _STATE.requirements != reqs:
                 raise RuntimeError(
                     f"ensure_runtime: this process's FlashInfer moe_ep runtime was bootstrapped with "
-                    f"{sorted(_STATE.requirements)} for --target {_STATE.target}; --target {m.target['name']} "
+                    f"{sorted(_STATE.requirements)} for --target {_STATE.target}; --target {m.target.name} "
                     f"needs {sorted(reqs)}; call finalize_runtime() first, or serve one target per process")
             if (_STATE.world_size, _STATE.rank) != (bootstrap.world_size, bootstrap.rank):
                 raise RuntimeError(
@@ -214,7 +207,7 @@ def ensure_runtime(bootstrap, manifest: Manifest | dict | str | Path):
         from flashinfer.moe_ep.core import runtime as rt
 
         handle = rt.bootstrap_moe_ep_runtime(bootstrap, reqs)
-        _STATE = _RuntimeState(handle, reqs, m.target["name"], bootstrap.world_size, bootstrap.rank)
+        _STATE = _RuntimeState(handle, reqs, m.target.name, bootstrap.world_size, bootstrap.rank)
         return handle
 
 
@@ -260,9 +253,9 @@ def kernel_config_class(kernel_name: str) -> type:
 def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
     """The kernel's FlashInfer config, built from the manifest: intermediate_size and top_k from the
     model, the target's conversion parameters, then `kernel_options` (other fields of the config)."""
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     t = m.target
-    if t.get("runtime_module") == "flashinfer.megamoe":
+    if t.runtime_module == "flashinfer.megamoe":
         raise IncompatibleTargetError([
             f"{_target_desc(t)}: this output is for flashinfer.megamoe, which takes no MegaConfig; load each "
             "block with fimoe_convert.runtime.load_megamoe_weights(out_dir, layer, rank, device) and call "
@@ -270,7 +263,7 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
     spec = backend_spec(m)
     cls = kernel_config_class(spec.megakernel)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    model = m.data["model"]
+    model = m.model
     geometry = {"intermediate_size": model["moe_intermediate_size"], "top_k": model["num_experts_per_tok"]}
     problems = []
     for key, value in kernel_options.items():
@@ -280,12 +273,12 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
         elif key not in fields or key == "kernel_name":
             problems.append(f"{key}={value!r}: not a field of {cls.__name__}; fields: "
                             + ", ".join(sorted(fields - set(geometry) - {"kernel_name"})))
-        elif key in t.get("parameters", {}) and value != t["parameters"][key]:
-            problems.append(f"{key}={value!r}: the weights were converted with --param {key}={t['parameters'][key]}; "
+        elif key in t.parameters and value != t.parameters[key]:
+            problems.append(f"{key}={value!r}: the weights were converted with --param {key}={t.parameters[key]}; "
                             f"re-convert with --param {key}={value} to change it")
     if problems:
         raise IncompatibleTargetError(problems)
-    kw = {**t.get("parameters", {}), **kernel_options}
+    kw = {**t.parameters, **kernel_options}
     kw.update({k: v for k, v in geometry.items() if k in fields})
     return cls(**kw)
 
@@ -295,7 +288,7 @@ def mega_config(out_dir: str | Path | Manifest, layer: str, rank: int = 0, devic
     transformed_weights=<block `layer`, EP rank `rank`, read onto `device`>)`."""
     import flashinfer.moe_ep as me
 
-    m = _manifest(out_dir)
+    m = as_manifest(out_dir)
     cfg = kernel_config(m, **kernel_options)
     weights = load_transformed_weights(m, layer, rank, device)
     return me.MegaConfig(megakernel=cfg, preprocess_weights=False, transformed_weights=weights)
