@@ -17,7 +17,9 @@ Where each job lives:
     demo.py            the embedded default job
     kernels.py         THE kernel table: every target and its kernel's facts, as data
     targets/           the converters, one per family of the table (bf16, fp8_block, megamoe, moe_ep);
-                       rules.py checks a target against the model and the options (pure)
+                       rules.py checks a target against the model and the options (pure); families.py what each
+                       family says of its outputs without a converter: its own rules, report line, card text,
+                       runtime needs, and the one builder of FlashInfer's kernel config (pure)
     plan.py            which tensors go into which output shard, in which units of work (pure)
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
@@ -35,7 +37,8 @@ files):
     cli -> convert, verify, inspection, hub, demo -> pipeline, resume -> targets -> plan -> checkpoint
                                    |                        |          \\-> numerics
                                    +----------> files <------+
-    runtime -> files, numerics, kernels        targets, runtime -> kernels (data)
+    runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
+    targets, runtime -> kernels (data)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
@@ -60,16 +63,17 @@ LAYERS: dict[str, frozenset[str]] = {
     "distributed": _BASE,
     "options": _BASE | {"kernels", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
-    "hub": _BASE | {"files"},
+    "hub": _BASE | {"files", "targets"},
     "verify": _BASE | {"files", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
     "eta": _BASE,
     "console": _BASE,
     "convert": _BASE | {"checkpoint", "distributed", "eta", "files", "hub", "kernels", "options", "pipeline", "plan",
                         "resume", "targets"},
-    "runtime": _BASE | {"files", "kernels", "numerics"},
+    "runtime": _BASE | {"files", "kernels", "numerics", "targets"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"console", "convert", "testing", "verify"},
-    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "verify"},
+    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
+                    "verify"},
     "__main__": frozenset({"cli"}),
 }

@@ -11,52 +11,14 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
-from .files.manifest import MANIFEST_NAME, Manifest, TargetRecord, read_manifest
+from .files.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .files.output import file_sizes, path_kind, verify_files
 from .files.output import strays as stray_files
 from .sizes import human
+from .targets.families import family
 
 LIBRARY_NAME = "fimoe-convert"
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
-
-
-def runtime_needs(target: TargetRecord) -> list[str]:
-    """What the serving process must provide for the output of `target` (manifest record)."""
-    if not target.kernel_name:
-        return []
-    if target.runtime_module == "flashinfer.megamoe":
-        return ["torch.distributed (process group)", "torch symmetric memory (MegaMoESymmBuffer)"]
-    return ["torch.distributed"] + (["NVSHMEM"] if target.needs_nvshmem else [])
-
-
-def _load_snippet(manifest: Manifest) -> str:
-    tgt = manifest.target
-    layer = next(iter(manifest.layers or {"layers.0": None}))
-    fetch = ('from huggingface_hub import snapshot_download\n'
-             'out = snapshot_download("REPO_ID")  # or the local OUT folder\n')
-    if not tgt.kernel_name:
-        name = f"{layer}.ffn.experts.0.w1.weight"
-        if tgt.name == "fp8_block":
-            what = ("# FP8 E4M3 routed experts with `.scale` tile scales under their original names: serve it as\n"
-                    "# a DeepSeek V4 FP8 checkpoint (E8M0 scales: SGLang, DeepSeek's inference code; F32 scales with\n"
-                    "# expert_dtype fp8: vLLM), or read a tensor directly:\n")
-            kind = "FP8 E4M3 [out, in]"
-        else:
-            what = ("# BF16 routed experts under their original names: serve it as a regular DeepSeek V4\n"
-                    "# checkpoint with BF16 experts (no shim needed), or read a tensor directly:\n")
-            kind = "BF16 [out, in]"
-        return (fetch + what +
-                "import json, os\nfrom safetensors import safe_open\n"
-                'weight_map = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]\n'
-                f'with safe_open(os.path.join(out, weight_map["{name}"]), "pt") as f:\n'
-                f'    w1 = f.get_tensor("{name}")  # {kind}')
-    if tgt.runtime_module == "flashinfer.megamoe":
-        return (fetch + "from fimoe_convert.runtime import load_megamoe_weights\n"
-                f'l1, l2, l1_scales, l2_scales = load_megamoe_weights(out, "{layer}", rank=0, device="cuda")\n'
-                "# flashinfer.megamoe.mxfp4_mega_moe(y, l1, l2, symm_buffer, num_tokens=m,\n"
-                "#     l1_global_scales=l1_scales, l2_global_scales=l2_scales)")
-    return (fetch + "from fimoe_convert.runtime import mega_config\n"
-            f'cfg = mega_config(out, "{layer}", rank=0, device="cuda")  # MegaConfig(preprocess_weights=False, ...)')
 
 
 def _fallback_command(manifest: Manifest) -> str:
@@ -84,7 +46,8 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
     src, tgt, tool, geometry = manifest.source, manifest.target, manifest.tool, manifest.model
     base, revision = src.repo_id, src.revision
     caps = list(tgt.capabilities)
-    needs = runtime_needs(tgt)
+    kind = family(tgt)
+    needs = kind.runtime_needs(tgt)
     command = command or _fallback_command(manifest)
     tags = {"deepseek_v4", LIBRARY_NAME, "moe", tgt.name}
     if tgt.kernel_name:
@@ -132,10 +95,10 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
         command,
         "```",
         "",
-        "Load" + (" with the fimoe-convert runtime shim (no load-time transform):" if tgt.kernel_name else ":"),
+        kind.load_heading(),
         "",
         "```python",
-        _load_snippet(manifest),
+        kind.load_snippet(tgt, next(iter(manifest.layers or {"layers.0": None}))),
         "```",
         "",
         f"`{MANIFEST_NAME}` lists every file with its size and sha256; `fimoe-convert verify OUT` checks them.",

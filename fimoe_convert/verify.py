@@ -13,7 +13,7 @@ from .files.output import read_output_tensors, verify_files
 from .files.source import Source, open_source
 from .options import parse_arch
 from .plan import piece_rows
-from .targets import TargetOptions, make_target
+from .targets import TargetOptions, get_kernel, make_target
 
 
 def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> dict:
@@ -30,7 +30,7 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     o = manifest.options
     opts = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu", allow_lossy=o.allow_lossy,
                          params=dict(o.params))
-    tgt = make_target(manifest.target.name, source.model, opts)
+    tgt = make_target(get_kernel(manifest.target.name), source.model, opts)
     units = tgt.all_units(source.non_expert_tensors())
     rows = piece_rows(units)  # a unit may write only some rows of a tensor
     step = max(1, len(units) // samples)

@@ -18,7 +18,9 @@ import torch
 
 from .. import versions
 from ..errors import InputError, format_problems
-from ..kernels import suggested, vllm_backends
+from ..kernels import BY_NAME, suggested, vllm_backends
+from ..targets.families import Family, config_class, family
+from ..targets.families import kernel_config as build_kernel_config
 from ..files.manifest import Manifest, TargetRecord
 from .loader import as_manifest, load_transformed_weights
 
@@ -73,6 +75,15 @@ def _target_desc(target: TargetRecord) -> str:
     return f"--target {target.name}"
 
 
+def _family(target: TargetRecord) -> Family:
+    try:
+        return family(target)
+    except KeyError:
+        raise IncompatibleTargetError([f"{_target_desc(target)}: not a target this fimoe-convert knows ("
+                                       f"{', '.join(BY_NAME)}); load it with the fimoe-convert version that wrote "
+                                       "it (fimoe-manifest.json, tool.version)"]) from None
+
+
 def _suggestion(cap: tuple[int, int]) -> str:
     names = [k.name for k in suggested(_cap_str(cap))]
     if not names:
@@ -88,10 +99,9 @@ def backend_spec(manifest: Manifest | dict | str | Path) -> FiMoeEpBackendSpec:
     """The FlashInfer kernel a converted output is for, and whether its runtime needs NVSHMEM."""
     m = as_manifest(manifest)
     t = m.target
-    if not t.kernel_name:
-        raise IncompatibleTargetError([
-            f"{_target_desc(t)}: this output keeps BF16 experts for the engine's own MoE kernels and has no "
-            "FlashInfer megakernel; convert with a FlashInfer target for one (`fimoe-convert targets`)"])
+    problem = _family(t).megakernel_problem(t)
+    if problem:
+        raise IncompatibleTargetError([problem])
     return FiMoeEpBackendSpec(megakernel=t.kernel_name, needs_nvshmem=t.needs_nvshmem)
 
 
@@ -230,41 +240,23 @@ def runtime_handle():
 
 # MegaConfig -----------------------------------------------------------------------------------------
 
-def kernel_config_class(kernel_name: str) -> type:
-    """The flashinfer.moe_ep config dataclass whose `kernel_name` default is `kernel_name`."""
-    import flashinfer.moe_ep as me
-
-    found: list[type] = []
-    for attr in sorted(dir(me)):
-        cls = getattr(me, attr)
-        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or cls in found:
-            continue
-        for f in dataclasses.fields(cls):
-            if f.name == "kernel_name" and f.default == kernel_name:
-                found.append(cls)
-    if len(found) != 1:
-        raise IncompatibleTargetError([
-            f"kernel {kernel_name!r}: the installed flashinfer.moe_ep ({installed_flashinfer_version()}) has "
-            f"{'no' if not found else 'more than one'} config class for it; install the flashinfer-python "
-            "version the output was converted with (fimoe-manifest.json, tool.flashinfer)"])
-    return found[0]
-
-
 def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
     """The kernel's FlashInfer config, built from the manifest: intermediate_size and top_k from the
     model, the target's conversion parameters, then `kernel_options` (other fields of the config)."""
     m = as_manifest(manifest)
     t = m.target
-    if t.runtime_module == "flashinfer.megamoe":
+    problem = _family(t).mega_config_problem(t)
+    if problem:
+        raise IncompatibleTargetError([problem])
+    cls = config_class(BY_NAME[t.name])
+    if cls is None:
         raise IncompatibleTargetError([
-            f"{_target_desc(t)}: this output is for flashinfer.megamoe, which takes no MegaConfig; load each "
-            "block with fimoe_convert.runtime.load_megamoe_weights(out_dir, layer, rank, device) and call "
-            "flashinfer.megamoe.mxfp4_mega_moe"])
-    spec = backend_spec(m)
-    cls = kernel_config_class(spec.megakernel)
+            f"kernel {t.kernel_name!r}: the installed flashinfer.moe_ep ({installed_flashinfer_version()}) has no "
+            f"config class {BY_NAME[t.name].config_class}; install the flashinfer-python version the output was "
+            "converted with (fimoe-manifest.json, tool.flashinfer)"])
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    model = m.model
-    geometry = {"intermediate_size": model["moe_intermediate_size"], "top_k": model["num_experts_per_tok"]}
+    sizes = m.model["moe_intermediate_size"], m.model["num_experts_per_tok"]
+    geometry = {"intermediate_size": sizes[0], "top_k": sizes[1]}
     problems = []
     for key, value in kernel_options.items():
         if key in geometry and value != geometry[key]:
@@ -278,9 +270,7 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
                             f"re-convert with --param {key}={value} to change it")
     if problems:
         raise IncompatibleTargetError(problems)
-    kw = {**t.parameters, **kernel_options}
-    kw.update({k: v for k, v in geometry.items() if k in fields})
-    return cls(**kw)
+    return build_kernel_config(cls, *sizes, t.parameters, **kernel_options)
 
 
 def mega_config(out_dir: str | Path | Manifest, layer: str, rank: int = 0, device: str = "cuda", **kernel_options):
