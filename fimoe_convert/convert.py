@@ -98,7 +98,7 @@ def convert(
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
-    flags = ConvertOptions.parse(target, ep_size=ep_size, device=device, arch=arch, max_memory=max_memory,
+    opts = ConvertOptions.parse(target, ep_size=ep_size, device=device, arch=arch, max_memory=max_memory,
                                  shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
                                  overwrite=overwrite, writers=writers)
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
@@ -107,33 +107,33 @@ def convert(
     weights = not dry_run or resume
     source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline, weights=weights))
     problems = list(error.problems) if error else []
-    tgt = None
+    converter = None
     if source is not None:
-        tgt = make_target(flags.kernel, source.model, flags.target)
-        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
+        converter = make_target(opts.kernel, source.model, opts.target)
+        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + converter.validate()
     if problems:
         raise ValidationError(problems)
     group.barrier()  # every rank has checked OUT before rank 0 creates it
     # 3. The plan, and the memory its largest unit needs.
-    plan = build_plan(source, tgt, flags.shard_bytes)
-    biggest = _check_memory(plan, flags, max_memory, source.model.n_routed_experts)
+    plan = build_plan(source, converter, opts.shard_bytes)
+    biggest = _check_memory(plan, opts, max_memory, source.model.n_routed_experts)
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
         # 4. What an earlier run into OUT left, if it read the same source files.
         owner = assign_shards(list(plan.shards), group.world)
-        old, carried = resuming.previous_run(out_dir, flags.record(), source, group) if resume else (None, {})
+        old, carried = resuming.previous_run(out_dir, opts.record(), source, group) if resume else (None, {})
         kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
         if old is not None:
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
         # 5. The plan and the free disk; a dry run ends here.
         todo = [s for s in plan.shards if s.filename not in kept]
-        result = _result(out_dir, source, tgt, plan, kept, todo, dry_run)
+        result = _result(out_dir, source, converter, plan, kept, todo, dry_run)
         if dry_run:
-            result.estimate = eta.estimate(source, tgt, plan)[0]
+            result.estimate = eta.estimate(source, converter, plan)[0]
             result.seconds = time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
-        manifest = LiveManifest(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group.rank == 0)
+        manifest = LiveManifest(out_dir, _first_manifest(source, converter, opts, plan, kept, carried), group.rank == 0)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
         if group.rank == 0:
             prepare_out(out_dir, overwrite)
@@ -142,9 +142,10 @@ def convert(
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
-        lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
+        lanes, budget, threads = _sizing(opts, biggest, len(todo), plan.read_bytes, result.bytes_written)
         hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
-        mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
+        mine = _write_shards(plan, todo, source, converter, out_dir, (lanes, budget), manifest, group, progress, result,
+                             t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = hashes.result()
         manifest.close()
@@ -152,11 +153,11 @@ def convert(
             manifest.manifest.files.update(part)
             manifest.manifest.status.update({f: "written" for f in part})
         if group.rank == 0:
-            _finish(out_dir, source, tgt, plan, manifest.manifest, old, digests, command)
+            _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, command)
             result.report = manifest.manifest.report
         group.barrier()
     group.close()
-    if flags.target.device == "cuda":
+    if opts.target.device == "cuda":
         import torch
 
         result.device_peak_bytes = torch.cuda.max_memory_allocated()
@@ -165,12 +166,13 @@ def convert(
     return result
 
 
-def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],
+def _result(out_dir: Path, source: Source, converter, plan: Plan, kept: dict, todo: list[OutShard],
             dry_run: bool) -> ConvertResult:
     """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
     the room for the shards and copied files, with headroom."""
     disk, free = free_disk(out_dir)
-    result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=tgt.opts.device, shards=len(plan.shards),
+    result = ConvertResult(out=str(out_dir), target=converter.kernel.name, device=converter.opts.device,
+                           shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
                            seconds=0.0, dry_run=dry_run, free_disk=free, skipped=list(source.skipped),
                            plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
@@ -182,11 +184,11 @@ def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: li
     return result
 
 
-def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int,
+def _sizing(opts: ConvertOptions, biggest: int, shards: int, read_bytes: int,
             write_bytes: int) -> tuple[int, int, int]:
     """(lanes, bytes of each lane's budget, input hash threads) for writing `shards` shards."""
-    budget = lane_budget(flags.memory_bytes, biggest)
-    lanes = lane_count(flags.writers, shards, flags.memory_bytes, budget)
+    budget = lane_budget(opts.memory_bytes, biggest)
+    lanes = lane_count(opts.writers, shards, opts.memory_bytes, budget)
     # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
     threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
     log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", shards, lanes, budget,
@@ -239,37 +241,38 @@ def tool_versions() -> dict:
             "safetensors": versions.installed("safetensors"), "flashinfer": versions.installed("flashinfer-python")}
 
 
-def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -> int:
+def _check_memory(plan: Plan, opts: ConvertOptions, max_memory, experts: int) -> int:
     """The largest unit's output bytes; refuses a --max-memory below what that unit needs (its output and its
     inputs, about twice the output), naming the memory and the --ep-size that would fit."""
     biggest = max(plan.units.values(), key=lambda u: u.out_bytes, default=None)
     size = biggest.out_bytes if biggest else 0
     need = 2 * size
-    if need > flags.memory_bytes:
-        ep = flags.target.ep_size
-        fits = next((d for d in range(ep + 1, experts + 1) if experts % d == 0 and need * ep / d <= flags.memory_bytes),
+    if need > opts.memory_bytes:
+        ep = opts.target.ep_size
+        fits = next((d for d in range(ep + 1, experts + 1) if experts % d == 0 and need * ep / d <= opts.memory_bytes),
                     None)
         hint = (f", or use --ep-size {fits} (about {human(need * ep / fits)} a unit)"
-                if fits and flags.kernel.kernel_name else "")
+                if fits and opts.kernel.kernel_name else "")
         raise ValidationError([f"--max-memory {max_memory}: one unit of work ({biggest.key}) needs about {human(need)} "
                                f"(its output and its inputs); raise --max-memory to at least {human(need)}{hint}"])
     return size
 
 
-def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> Manifest:
+def _first_manifest(source: Source, converter, opts: ConvertOptions, plan: Plan, kept: dict,
+                    carried: dict) -> Manifest:
     """The manifest before any shard: `source.files` holds every input's identity (size, mtime_ns, inode, dev) and
     its sha256 where known without reading it (`carried`: recorded by the run a --resume continues)."""
-    model, opts = source.model, flags.target
+    model, ep_size = source.model, opts.target.ep_size
     files = {rel: SourceFile(**source.identities[rel], sha256=carried.get(rel) or source.known_sha256(rel))
              for rel in source.input_files()}
     return Manifest(
         tool=Tool(**tool_versions()),
-        options=Options(**flags.record()),
+        options=Options(**opts.record()),
         source=SourceRecord(source.spec, source.repo_id, source.revision, files),
         model=model.to_json(),
-        target=TargetRecord(**tgt.record()),
-        ep=EpRecord(opts.ep_size, tuple(tuple(r) for r in ep_ranges(model.n_routed_experts, opts.ep_size))),
-        layers=tgt.layers_record(list(plan.units.values())),
+        target=TargetRecord(**converter.record()),
+        ep=EpRecord(ep_size, tuple(tuple(r) for r in ep_ranges(model.n_routed_experts, ep_size))),
+        layers=converter.layers_record(list(plan.units.values())),
         files=dict(kept),
         status={s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
         complete=False,
@@ -300,7 +303,7 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
 
 
-def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir: Path, lanes: tuple[int, int],
+def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
                   manifest: LiveManifest, group: Group, progress, result: ConvertResult, t0: float) -> dict:
     """Write this rank's shards; {shard file: record} of those written. Each finished shard is recorded at once
     (the manifest, or under torchrun a status file per rank), with the report of the units whose first output
@@ -318,7 +321,7 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
     done = 0
 
     def on_shard(shard: OutShard, rec) -> None:
-        part = tgt.report(first_units.get(shard.filename, []))
+        part = converter.report(first_units.get(shard.filename, []))
 
         def written(m: Manifest) -> None:
             m.files[shard.filename] = mine[shard.filename]
@@ -340,12 +343,12 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
 
     count, budget = lanes
     start = time.perf_counter() - t0
-    timings = Lanes(plan, todo, source, tgt, out_dir, count, budget, on_bytes, on_shard).run()
+    timings = Lanes(plan, todo, source, converter, out_dir, count, budget, on_bytes, on_shard).run()
     result.timings = {k: round(v, 3) for k, v in {"start": start, **timings}.items()}
     return mine
 
 
-def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: Manifest, old: Manifest | None,
+def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Manifest, old: Manifest | None,
             hashes: dict[str, str], command: str | None) -> None:
     """Metadata files last, so that a folder without them never looks complete: the index, the config, copies
     of SRC's small files, the model card, and the manifest with `complete: true`."""
@@ -353,7 +356,7 @@ def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: Manifest, 
     index = {"metadata": {"total_size": sum(s.nbytes for s in plan.shards)},
              "weight_map": dict(sorted(weight_map.items()))}
     write_json(out_dir / INDEX_NAME, index)
-    write_json(out_dir / "config.json", tgt.update_config(source.config))
+    write_json(out_dir / "config.json", converter.update_config(source.config))
     copied = copied_files(source)
     for rel in copied:
         copy_file(source.root / rel, out_dir / rel)
@@ -361,7 +364,7 @@ def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: Manifest, 
     manifest.source = _source_record(source, hashes)
     resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
-    manifest.report = tgt.merge_reports([manifest.files[s.filename].report for s in plan.shards])
+    manifest.report = converter.merge_reports([manifest.files[s.filename].report for s in plan.shards])
     write_text(out_dir / "README.md", model_card(manifest, command=command))
     for rel in [INDEX_NAME, "config.json", "README.md", *copied]:
         manifest.files[rel] = file_record(out_dir / rel)

@@ -43,23 +43,23 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
     Deterministic (no dates, sorted keys) so that two conversions give the same bytes."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    src, tgt, tool, geometry = manifest.source, manifest.target, manifest.tool, manifest.model
+    src, target, tool, geometry = manifest.source, manifest.target, manifest.tool, manifest.model
     base, revision = src.repo_id, src.revision
-    caps = list(tgt.capabilities)
-    kind = family(tgt)
-    needs = kind.runtime_needs(tgt)
+    caps = list(target.capabilities)
+    kind = family(target)
+    needs = kind.runtime_needs(target)
     command = command or _fallback_command(manifest)
-    tags = {"deepseek_v4", LIBRARY_NAME, "moe", tgt.name}
-    if tgt.kernel_name:
+    tags = {"deepseek_v4", LIBRARY_NAME, "moe", target.name}
+    if target.kernel_name:
         tags |= {"flashinfer", *[f"sm{c.replace('.', '')}" for c in caps]}
     meta = {
         "source": {"repo_id": base, "revision": revision} if base else {"path": src.spec},
-        "target": tgt.name,
-        "kernel_name": tgt.kernel_name,
-        "vllm_moe_backend": tgt.vllm_moe_backend,
+        "target": target.name,
+        "kernel_name": target.kernel_name,
+        "vllm_moe_backend": target.vllm_moe_backend,
         "compute_capabilities": caps,
         "runtime_needs": needs,
-        "needs_nvshmem": tgt.needs_nvshmem,
+        "needs_nvshmem": target.needs_nvshmem,
         "ep_size": manifest.ep_size,
         "command": command,
         "versions": {"fimoe-convert": tool.version, "torch": tool.torch, "flashinfer": tool.flashinfer,
@@ -68,21 +68,21 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
     data = ModelCardData(base_model=base, library_name=LIBRARY_NAME, tags=sorted(tags), fimoe_convert=meta)
     name = base or Path(src.spec).name
     lines = [
-        f"# {name} for `{tgt.name}`",
+        f"# {name} for `{target.name}`",
         "",
         f"DeepSeek V4 checkpoint whose routed experts were converted offline by {LIBRARY_NAME} "
-        f"{tool.version} for `{tgt.name}`"
-        + (f" (FlashInfer kernel `{tgt.kernel_name}`)" if tgt.kernel_name else "")
+        f"{tool.version} for `{target.name}`"
+        + (f" (FlashInfer kernel `{target.kernel_name}`)" if target.kernel_name else "")
         + ". Everything else is copied byte for byte from the base model.",
         "",
         "| | |",
         "|---|---|",
         f"| base model | {base or src.spec} (revision {revision or 'local folder, no revision'}) |",
-        f"| target | `{tgt.name}`; weights {tgt.weight_format}, activations {tgt.activation_format} |",
+        f"| target | `{target.name}`; weights {target.weight_format}, activations {target.activation_format} |",
         f"| compute capabilities | {', '.join(caps) or 'any'} |",
         f"| runtime needs | {', '.join(needs) or 'none beyond the engine'} |",
-        f"| NVSHMEM | {'needed' if tgt.needs_nvshmem else 'not needed'} |",
-        f"| vLLM --moe-backend | {tgt.vllm_moe_backend or '-'} |",
+        f"| NVSHMEM | {'needed' if target.needs_nvshmem else 'not needed'} |",
+        f"| vLLM --moe-backend | {target.vllm_moe_backend or '-'} |",
         f"| expert parallel size | {manifest.ep_size} |",
         f"| geometry | hidden {geometry['hidden_size']}, moe_intermediate {geometry['moe_intermediate_size']}, "
         f"{geometry['n_routed_experts']} experts, {geometry['moe_blocks']} MoE blocks |",
@@ -98,7 +98,7 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
         kind.load_heading(),
         "",
         "```python",
-        kind.load_snippet(tgt, next(iter(manifest.layers or {"layers.0": None}))),
+        kind.load_snippet(target, next(iter(manifest.layers or {"layers.0": None}))),
         "```",
         "",
         f"`{MANIFEST_NAME}` lists every file with its size and sha256; `fimoe-convert verify OUT` checks them.",

@@ -28,14 +28,14 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
         return report
     source = _source(manifest, src, out_dir)
     o = manifest.options
-    opts = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu", allow_lossy=o.allow_lossy,
-                         params=dict(o.params))
-    tgt = make_target(get_kernel(manifest.target.name), source.model, opts)
-    units = tgt.all_units(source.non_expert_tensors())
+    target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
+                                   allow_lossy=o.allow_lossy, params=dict(o.params))
+    converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
+    units = converter.all_units(source.non_expert_tensors())
     rows = piece_rows(units)  # a unit may write only some rows of a tensor
     step = max(1, len(units) // samples)
     for unit in units[::step][:samples]:
-        want = tgt.run(unit, {n: source.read(n) for n in unit.inputs})
+        want = converter.run(unit, {n: source.read(n) for n in unit.inputs})
         got = read_output_tensors(out_dir, list(want))
         for name, w in want.items():
             lo, hi = rows[(unit.key, name)]

@@ -128,8 +128,8 @@ class MoeEpFamily(KernelFamily):
         return ["torch.distributed"] + (["NVSHMEM"] if target.needs_nvshmem else [])
 
     def load_snippet(self, target, layer: str) -> str:
-        return (FETCH + "from fimoe_convert.runtime import mega_config\n"
-                f'cfg = mega_config(out, "{layer}", rank=0, device="cuda")  # MegaConfig(preprocess_weights=False, ...)')
+        return (FETCH + "from fimoe_convert.runtime import mega_config\n" f'cfg = mega_config(out, "{layer}", '
+                'rank=0, device="cuda")  # MegaConfig(preprocess_weights=False, ...)')
 
 
 FAMILIES: dict[str, Family] = {"bf16": Bf16Family(), "fp8_block": Fp8BlockFamily(), "megamoe": MegaMoeFamily(),

@@ -82,7 +82,8 @@ class Fp8BlockTarget(Target):
                     for leg in EXPERT_LEGS:
                         outs.append(OutTensor(expert_name(block, j, leg, "weight"), "F8_E4M3", leg_shape(model, leg),
                                               prefix, r))
-                        outs.append(OutTensor(expert_name(block, j, leg, "scale"), sdt, tile_shape(model, leg), prefix, r))
+                        outs.append(OutTensor(expert_name(block, j, leg, "scale"), sdt, tile_shape(model, leg),
+                                              prefix, r))
                     ins = tuple(expert_name(block, j, leg, kind) for leg in EXPERT_LEGS for kind in ("weight", "scale"))
                     units.append(Unit(prefix, block, rank, (j, j + 1), ins, tuple(outs)))
         return units
