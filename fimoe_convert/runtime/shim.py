@@ -270,7 +270,7 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
                             f"re-convert with --param {key}={value} to change it")
     if problems:
         raise IncompatibleTargetError(problems)
-    return build_kernel_config(cls, *sizes, t.parameters, **kernel_options)
+    return build_kernel_config(cls, sizes, t.parameters, kernel_options)
 
 
 def mega_config(out_dir: str | Path | Manifest, layer: str, rank: int = 0, device: str = "cuda", **kernel_options):

@@ -154,12 +154,9 @@ def config_class(kernel: Kernel) -> type | None:
     return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
 
 
-def geometry(cls: type, intermediate_size: int, top_k: int) -> dict:
-    """The config fields that come from the checkpoint, as far as `cls` has them."""
+def kernel_config(cls: type, sizes: tuple[int, int], params: dict, kernel_options: dict | None = None):
+    """`cls` made from the --param values, then `kernel_options` (other fields), then the checkpoint's `sizes`
+    (moe_intermediate_size, num_experts_per_tok) as far as `cls` has fields for them."""
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    return {k: v for k, v in (("intermediate_size", intermediate_size), ("top_k", top_k)) if k in fields}
-
-
-def kernel_config(cls: type, intermediate_size: int, top_k: int, params: dict, **kernel_options):
-    """`cls` made from the --param values, then `kernel_options` (other fields), then the geometry."""
-    return cls(**{**params, **kernel_options, **geometry(cls, intermediate_size, top_k)})
+    geometry = {k: v for k, v in zip(("intermediate_size", "top_k"), sizes) if k in fields}
+    return cls(**{**params, **(kernel_options or {}), **geometry})

@@ -45,7 +45,7 @@ class MoeEpTarget(Target):
 
     def kernel_config(self, model: ModelSpec):
         cls = getattr(_moe_ep(), self.kernel.config_class)
-        return kernel_config(cls, model.moe_intermediate_size, model.num_experts_per_tok, self.opts.params)
+        return kernel_config(cls, (model.moe_intermediate_size, model.num_experts_per_tok), self.opts.params)
 
     def preprocess(self, model: ModelSpec, pack_tensors: tuple, n_experts: int):
         me = _moe_ep()

@@ -73,5 +73,7 @@ class WithoutTopK:
 
 
 def test_one_kernel_config_builder():
-    assert kernel_config(WithGeometry, 128, 2, {"activation": "swiglu"}) == WithGeometry(128, 2, "swiglu")
-    assert kernel_config(WithoutTopK, 128, 2, {}, fast_math=False) == WithoutTopK(128, False)
+    assert kernel_config(WithGeometry, (128, 2), {"activation": "swiglu"}) == WithGeometry(128, 2, "swiglu")
+    assert kernel_config(WithoutTopK, (128, 2), {}, {"fast_math": False}) == WithoutTopK(128, False)
+    # a geometry field given again (the runtime checked it equals the checkpoint's) is no conflict
+    assert kernel_config(WithGeometry, (128, 2), {}, {"top_k": 2}) == WithGeometry(128, 2)
