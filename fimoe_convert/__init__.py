@@ -19,14 +19,17 @@ Where each job lives:
     demo.py            the embedded default job
     kernels.py         THE kernel table: every target and its kernel's facts, as data
     targets/           the converters, one per family of the table (bf16, fp8_block, megamoe, moe_ep);
-                       rules.py checks a target against the model and the options (pure)
+                       rules.py checks a target against the model and the options (pure); families.py what each
+                       family says of its outputs without a converter: its own rules, report line, card text,
+                       runtime needs, and the one builder of FlashInfer's kernel config (pure)
     plan.py            which tensors go into which output shard, in which units of work (pure)
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
     files/             the only modules that open files, and the trust boundary: the names SRC and OUT share
                        (names.py); safetensors header, reader, shard writer (st_*.py); files written whole
                        (atomic.py); SRC (source.py: a folder, or a Hub repo: hub_source.py resolves, downloads and
-                       reads headers without the weights); OUT (manifest, status, verify, the lock); one strict
+                       reads headers without the weights); the manifest, typed once, and the per-rank status files
+                       (manifest.py); OUT's checks, clearing, verify, tensor reads (output.py); the lock; one strict
                        JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
@@ -38,7 +41,8 @@ files):
     cli -> convert, verify, inspection, upload, demo -> pipeline, resume -> targets -> plan -> checkpoint
                                    |                        |          \\-> numerics
                                    +----------> files <------+
-    runtime -> files, numerics, kernels        targets, runtime -> kernels (data)
+    runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
+    targets, runtime -> kernels (data)
     budget (memory constants) <- files, pipeline, options, targets, convert
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
@@ -65,7 +69,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "distributed": _BASE,
     "options": _BASE | {"budget", "kernels", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
-    "hub": _BASE | {"files"},
+    "hub": _BASE | {"files", "targets"},
     "upload": _BASE | {"files"},
     "verify": _BASE | {"files", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
@@ -73,9 +77,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "console": _BASE,
     "convert": _BASE | {"budget", "checkpoint", "distributed", "eta", "files", "hub", "kernels", "options",
                         "pipeline", "plan", "resume", "targets"},
-    "runtime": _BASE | {"files", "kernels", "numerics"},
+    "runtime": _BASE | {"files", "kernels", "numerics", "targets"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"console", "convert", "testing", "verify"},
-    "cli": _BASE | {"console", "convert", "demo", "files", "inspection", "kernels", "options", "upload", "verify"},
+    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
+                    "upload", "verify"},
     "__main__": frozenset({"cli"}),
 }

@@ -20,7 +20,7 @@ import threading
 import click
 
 from . import __version__
-from .console import Progress, is_rank0, plural, report_line, setup_logging
+from .console import Progress, is_rank0, plural, setup_logging
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
@@ -240,7 +240,9 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
 def _summary(res) -> str:
     text = (f"converted to {res.target} on {res.device}: {plural(res.shards, 'shard')} ({res.shards_kept} kept), "
             f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
-    line = report_line(res.report)
+    from .targets.families import family
+
+    line = family(BY_NAME[res.target]).report_line(res.report)
     return text + (f"\n{line}" if line else "") + _skipped(res)
 
 

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
-from .files.output import MANIFEST_NAME, file_sizes, path_kind, read_manifest, strays as stray_files, verify_files
+from .files.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .files.output import file_sizes, path_kind, strays as stray_files, verify_files
 from .sizes import human
 
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
@@ -28,7 +29,7 @@ def _glob_escape(name: str) -> str:
     return re.sub(r"([\[\]*?])", r"[\1]", name)
 
 
-def upload_plan(out: str, progress=None) -> tuple[Path, dict, list[dict], list[str]]:
+def upload_plan(out: str, progress=None) -> tuple[Path, Manifest, list[dict], list[str]]:
     """(OUT, manifest, [{file, bytes}], strays) for a complete OUT whose files all match the manifest.
 
     Refuses (InputError naming the file) an unfinished or damaged OUT."""
@@ -38,7 +39,7 @@ def upload_plan(out: str, progress=None) -> tuple[Path, dict, list[dict], list[s
     if not res.ok:
         raise InputError(f"{res.problems[0]}; refusing to upload an OUT that does not verify "
                          f"(fimoe-convert verify {out_dir})")
-    names = sorted({*manifest["files"], MANIFEST_NAME})
+    names = sorted({*manifest.files, MANIFEST_NAME})
     sizes = file_sizes(out_dir, names)
     files = [{"file": f, "bytes": sizes[f]} for f in names]
     return out_dir, manifest, files, stray_files(out_dir, set(names))
@@ -104,7 +105,7 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
         commit = api.upload_folder(
             repo_id=repo_id, folder_path=str(out_dir), repo_type="model", revision=revision,
             allow_patterns=[_glob_escape(f["file"]) for f in files],
-            commit_message=commit_message or f"Upload {manifest['target']['name']} conversion (fimoe-convert)")
+            commit_message=commit_message or f"Upload {manifest.target.name} conversion (fimoe-convert)")
     except InputError:
         raise
     except Exception as e:  # HfHubHTTPError, transport errors, malformed answers: one line, token removed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, VARIANTS, natural_key
+from ..checkpoint import EXPERT_LEGS, VARIANTS, expert_name, natural_key
 from ..dtypes import FP4_GROUP
 from ..files.atomic import atomic_write_bytes
 from ..files.names import INDEX_NAME
@@ -331,7 +331,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
             acc = 0
         groups[-1].append(n)
         acc += size
-    cut = f"layers.{min(1, spec.layers - 1)}.ffn.experts.{spec.experts // 2}.w1.weight"
+    cut = expert_name(f"layers.{min(1, spec.layers - 1)}", spec.experts // 2, "w1", "weight")
     for k, group in enumerate(groups):
         if cut in group and group.index(cut) > 0:
             at = group.index(cut)

@@ -27,7 +27,8 @@ from fimoe_convert.errors import InputError, ValidationError
 from fimoe_convert.files import atomic, hashing, jsonfile, st_header, st_writer
 from fimoe_convert.files.jsonfile import Hex64, ListOf, MapOf, NonNeg, Nullable, Obj, OneOf, check, parse_json
 from fimoe_convert.files.lock import LOCK_NAME, OutLock
-from fimoe_convert.files.output import MANIFEST_NAME, read_manifest, read_output_tensors
+from fimoe_convert.files.manifest import MANIFEST_NAME, read_manifest
+from fimoe_convert.files.output import read_output_tensors
 from fimoe_convert.files.paths import name_problem
 from fimoe_convert.files.source import open_source
 from fimoe_convert.kernels import KERNELS
@@ -359,7 +360,7 @@ def test_the_first_manifest_records_every_input_before_any_shard(tiny_ckpt, tmp_
         assert (rec["size"], rec["mtime_ns"], rec["inode"], rec["dev"]) == (st.st_size, st.st_mtime_ns, st.st_ino,
                                                                              st.st_dev)
     # the complete manifest keeps size and sha256 only: copies of SRC elsewhere give the same output
-    done = read_manifest(tmp_path / "out", require_complete=True)["source"]["files"]
+    done = {rel: rec.to_json() for rel, rec in read_manifest(tmp_path / "out", require_complete=True).source.files.items()}
     assert all(set(rec) == {"size", "sha256"} and rec["sha256"] for rec in done.values())
 
 
@@ -519,7 +520,7 @@ def test_files_of_src_named_like_the_tools_own_are_not_copied(tiny_copy, tmp_pat
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["skipped"] == ["fimoe-manifest.json", "fimoe-status.rank0.json", "weights.fimoe-tmp"]
     assert not (out / "fimoe-status.rank0.json").exists() and not (out / "weights.fimoe-tmp").exists()
-    assert read_manifest(out, require_complete=True)["files"]  # our manifest, not SRC's
+    assert read_manifest(out, require_complete=True).files  # our manifest, not SRC's
     assert cli("verify", out).exit_code == 0
     r = cli(tiny_copy, tmp_path / "out2")
     assert r.exit_code == 0 and ("not copied from SRC (named like fimoe-convert's own files): fimoe-manifest.json, "
