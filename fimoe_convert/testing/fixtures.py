@@ -96,6 +96,8 @@ def _make(spec: FixtureSpec, name: str, kind: str, shape: tuple, extra, fast: bo
     g = _gen(spec, name)
     if kind == "bf16":
         return _bf16(g, shape)
+    if kind == "norm":
+        return (1 + 0.1 * torch.randn(shape, generator=g)).to(torch.bfloat16)
     if kind in ("f32", "f32scale"):
         return _f32(g, shape).abs() * 1e-3 + (1e-4 if kind == "f32scale" else 0)
     if kind == "fp8":

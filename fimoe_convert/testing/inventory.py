@@ -108,8 +108,9 @@ PRESETS: dict[str, FixtureSpec] = {
     "lossy-fp8": FixtureSpec(layers=2, mtp=0, experts=4, extreme_scales=False, scale_span=20),
 }
 
-ST_DTYPE = {"bf16": "BF16", "f32": "F32", "fp8": "F8_E4M3", "e8m0": "F8_E8M0", "fp4": "I8", "tid2eid": "I64",
-            "f32scale": "F32", "fp4scale": "F8_E8M0"}
+# Kinds of data (fixtures._make) -> safetensors dtype; "norm" is BF16 around 1, as trained RMSNorm weights are.
+ST_DTYPE = {"bf16": "BF16", "norm": "BF16", "f32": "F32", "fp8": "F8_E4M3", "e8m0": "F8_E8M0", "fp4": "I8",
+            "tid2eid": "I64", "f32scale": "F32", "fp4scale": "F8_E8M0"}
 
 
 def config_block(spec: FixtureSpec) -> int:
@@ -140,7 +141,7 @@ def tensors(spec: FixtureSpec) -> dict[str, tuple]:
         t["vision.blocks.0.attn.qkv.weight"] = ("bf16", (3 * spec.head_dim, spec.head_dim), None)
         t["vision.blocks.0.norm1.weight"] = ("bf16", (spec.head_dim,), None)
         t["aligner.proj.weight"] = ("bf16", (h, spec.head_dim), None)
-    t["norm.weight"] = ("bf16", (h,), None)
+    t["norm.weight"] = ("norm", (h,), None)
     t["head.weight"] = ("bf16", (v, h), None)
     _hc_head(spec, t, "")
     return t
@@ -155,10 +156,10 @@ def _hc_head(spec, t, p):
 def _attention(spec, t, fp8, a, ratio):
     h, hd = spec.hidden, spec.head_dim
     fp8(f"{a}.wq_a", spec.q_lora, h)
-    t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
+    t[f"{a}.q_norm.weight"] = ("norm", (spec.q_lora,), None)
     fp8(f"{a}.wq_b", spec.heads * hd, spec.q_lora)
     fp8(f"{a}.wkv", hd, h)
-    t[f"{a}.kv_norm.weight"] = ("bf16", (hd,), None)
+    t[f"{a}.kv_norm.weight"] = ("norm", (hd,), None)
     fp8(f"{a}.wo_a", spec.o_groups * spec.o_lora, spec.heads * hd // spec.o_groups)
     fp8(f"{a}.wo_b", h, spec.o_groups * spec.o_lora)
     t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
@@ -176,13 +177,13 @@ def _compressor(spec, t, c, ratio, dim):
     t[f"{c}.wkv.weight"] = ("bf16", (width, spec.hidden), None)
     t[f"{c}.wgate.weight"] = ("bf16", (width, spec.hidden), None)
     t[f"{c}.ape"] = ("f32", (ratio, width), None)
-    t[f"{c}.norm.weight"] = ("bf16", (dim,), None)
+    t[f"{c}.norm.weight"] = ("norm", (dim,), None)
 
 
 def _block(spec, t, fp8, prefix, hashed, ratio):
     h, i, e = spec.hidden, spec.inter, spec.experts
-    t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
-    t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
+    t[f"{prefix}.attn_norm.weight"] = ("norm", (h,), None)
+    t[f"{prefix}.ffn_norm.weight"] = ("norm", (h,), None)
     for part in ("attn", "ffn"):
         t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
         t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
@@ -217,14 +218,14 @@ def _mtp(spec, t, fp8, k):
         fp8(f"{p}.e_proj", h, h)
         fp8(f"{p}.h_proj", h, h)
         for norm in ("enorm", "hnorm", "norm"):
-            t[f"{p}.{norm}.weight"] = ("bf16", (h,), None)
+            t[f"{p}.{norm}.weight"] = ("norm", (h,), None)
         _hc_head(spec, t, f"{p}.")
         return
     if k == 0:
         fp8(f"{p}.main_proj", h, 3 * h)  # three target layers' hidden states, concatenated
-        t[f"{p}.main_norm.weight"] = ("bf16", (h,), None)
+        t[f"{p}.main_norm.weight"] = ("norm", (h,), None)
     if k == spec.mtp - 1:
-        t[f"{p}.norm.weight"] = ("bf16", (h,), None)
+        t[f"{p}.norm.weight"] = ("norm", (h,), None)
         t[f"{p}.markov_head.embed.weight"] = ("bf16", (v, spec.head_dim), None)
         t[f"{p}.markov_head.head.weight"] = ("bf16", (v, spec.head_dim), None)
         t[f"{p}.confidence_head.proj.weight"] = ("bf16", (1, h + spec.head_dim), None)
@@ -244,7 +245,7 @@ def _extra_layer(spec, t, fp8, li):
         if f"layers.{li}.attn.indexer.wq_b.weight" not in t:
             fp8(f"layers.{li}.attn.indexer.wq_b", spec.index_heads * spec.index_head_dim, spec.q_lora)
             t[f"layers.{li}.attn.indexer.weights_proj.weight"] = ("bf16", (spec.index_heads, h), None)
-        t[f"layers.{li}.attn.indexer.k_norm.weight"] = ("bf16", (spec.index_head_dim,), None)
+        t[f"layers.{li}.attn.indexer.k_norm.weight"] = ("norm", (spec.index_head_dim,), None)
 
 
 def shard_groups(spec: FixtureSpec, table: dict[str, tuple]) -> list[list[str]]:
