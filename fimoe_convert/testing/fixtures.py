@@ -1,14 +1,13 @@
 """Real-format DeepSeek V4 checkpoints for tests, the demo, benchmarks and engine tests: the one generator.
 
-The tensor inventory (inventory.py) is the release's for the geometry given: every tensor class of a V4 checkpoint with its real dtype: BF16 embed/head/norms/gate, F8_E4M3 +
-F8_E8M0 128x128-block attention and shared experts, F32 hyper-connection, bias and sink tensors,
-I64 `tid2eid` in hash layers, I8 + F8_E8M0 routed experts, compressors and the Lightning Indexer where
-compress_ratios says, MTP blocks as released. "tiny" (the demo and most tests) loads in transformers'
-DeepseekV4ForCausalLM; "v4-flash"/"v4-pro" (sparse) are the releases' inventories and shards. In "balanced" fixtures
-the experts of one layer straddle two shards; tensors sit in non-sorted order inside each shard.
-Presets and FixtureSpec options also give the variants: V4-Pro geometry, Base (FP8 experts), 0731/DSpark
-(three MTP blocks), V4.1 (its config dialect, 32x32 blocks, extra tensors) and a fixture lossy in fp8_block.
-Deterministic: every tensor comes from its own generator seeded by (seed, name)."""
+The tensors are the release's for the geometry given (inventory.py), with the release dtypes: BF16 embed/head/norms/
+gate/compressors, F8_E4M3 + F8_E8M0 128x128-block attention, indexer and shared experts, F32 hyper-connection, bias,
+sink and ape tensors, I64 `tid2eid` in hash layers, I8 + F8_E8M0 routed experts, MTP blocks as released. "tiny" (the
+demo and most tests) loads in transformers' DeepseekV4ForCausalLM; "v4-flash" and "v4-pro" (sparse) are the
+releases' inventories and shards. In "balanced" fixtures the experts of one layer straddle two shards; tensors sit
+in non-sorted order inside each shard. Presets and FixtureSpec options also give the variants: V4-Pro geometry,
+Base (FP8 experts), 0731/DSpark (three MTP blocks), V4.1 (its config dialect, 32x32 blocks, extra tensors) and a
+fixture lossy in fp8_block. Deterministic: every tensor comes from its own generator seeded by (seed, name)."""
 
 from __future__ import annotations
 
