@@ -26,8 +26,11 @@ CORES_PER_LANE = 4  # a lane keeps a reader, a converter, a writer and a hasher 
 def lane_budget(memory_bytes: int, biggest_unit: int) -> int:
     """Bytes one lane holds between reading and writing: two units (inputs and outputs) or READ_AHEAD_MAX,
     so that reading, converting and writing overlap, within a quarter of --max-memory (the rest: write
-    buffers, the unit being converted, pinned and allocator caches)."""
-    return max(min(memory_bytes // 4, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK)
+    buffers, the unit being converted, pinned and allocator caches), or half where two units fit there (a
+    whole-block unit of GBs: one unit at a time would serialize read, convert and write)."""
+    two_units = 4 * biggest_unit
+    cap = max(memory_bytes // 4, two_units if two_units <= memory_bytes // 2 else 0)
+    return max(min(cap, max(READ_AHEAD_MAX, two_units)), IO_BLOCK)
 
 
 def lane_count(writers: int | None, shards: int, memory_bytes: int, budget: int) -> int:
