@@ -47,8 +47,11 @@ class MemoryBudget:
     def lane_bytes(self, biggest_unit: int) -> int:
         """Bytes one lane holds between reading and writing: two units (inputs and outputs) or READ_AHEAD_MAX,
         so that reading, converting and writing overlap, within a quarter of the budget (the rest: write buffers,
-        the unit being converted, pinned and allocator caches)."""
-        return max(min(self.total // LANES_SHARE, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK)
+        the unit being converted, pinned and allocator caches), or half where two units fit there (a whole-block
+        unit of GBs: one unit at a time would serialize read, convert and write)."""
+        two_units = 2 * UNIT_FACTOR * biggest_unit
+        cap = max(self.total // LANES_SHARE, two_units if two_units <= self.total // 2 else 0)
+        return max(min(cap, max(READ_AHEAD_MAX, two_units)), IO_BLOCK)
 
     def lane_count(self, writers: int | None, shards: int, lane_bytes: int) -> int:
         """Shards written at once. Each lane hashes its own shard, and one sha256 runs at 1.2 to 1.8 GB/s on the

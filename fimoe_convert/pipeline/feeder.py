@@ -16,7 +16,7 @@ from ..budget import IO_BLOCK
 from ..files.source import Source
 from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
-from .schedule import Copy, Emit, Run, shard_steps
+from .schedule import Copy, Emit, Run, group_steps, linked_groups
 
 KEEP_MAX = 1 << 20  # bytes: a unit's output written away from the rest of its outputs is kept, not recomputed
 
@@ -54,13 +54,14 @@ def nbytes(t: torch.Tensor) -> int:
 
 class ShardQueue:
     """The shards still to write, handed to whichever lane's reader asks first, so that lanes end together
-    however the shards' sizes fall (a fixed split left some lanes with twice the bytes of others)."""
+    however the shards' sizes fall (a fixed split left some lanes with twice the bytes of others). Shards that
+    share a unit go together (`linked_groups`), so that the unit is read and converted once."""
 
     def __init__(self, shards: list[OutShard]):
-        self.shards = list(shards)
+        self.shards = linked_groups(list(shards))
         self.lock = threading.Lock()
 
-    def take(self) -> OutShard | None:
+    def take(self) -> list[OutShard] | None:
         with self.lock:
             return self.shards.pop(0) if self.shards else None
 
@@ -118,11 +119,12 @@ class Feeder:
             self.seconds[stage] += time.perf_counter() - t0
 
     def _reads(self) -> Iterator:
-        """Per shard taken from the queue: its start, then its steps with the source bytes they need."""
-        for shard in iter(self.shards.take, None):
-            yield ShardStart(shard)
-            for step in shard_steps(shard, self.plan.piece_bytes, IO_BLOCK, KEEP_MAX):
-                if isinstance(step, Copy):
+        """Per group of shards taken from the queue: each shard's start, then its steps with the source bytes they need."""
+        for group in iter(self.shards.take, None):
+            for step in group_steps(group, self.plan.piece_bytes, IO_BLOCK, KEEP_MAX):
+                if isinstance(step, OutShard):
+                    yield ShardStart(step)
+                elif isinstance(step, Copy):
                     self.budget.acquire(step.end - step.start)
                     data = self._timed("read", self.source.read_range, step.tensor.name, step.start, step.end)
                     yield Chunk(step.tensor, data, step.last, step.end - step.start)

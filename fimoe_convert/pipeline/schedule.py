@@ -4,7 +4,8 @@ A shard's tensors are written in file order. A copied tensor is read in blocks. 
 written by one or more units (a unit may write rows of several tensors); a unit runs where its first
 piece in the shard is due, and serves the stretch of consecutive pieces it writes, plus its small pieces
 (<= keep_max bytes) further on in the shard, which are kept until written. A larger piece further on gets
-a run of its own, since holding it could starve the byte budget."""
+a run of its own, since holding it could starve the byte budget. A stretch that runs on into the next shard
+(a whole-block unit's outputs span shards) is one run when one lane writes both shards (`linked_groups`)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,36 @@ Step = Copy | Run | Emit
 
 def shard_steps(shard: OutShard, piece_bytes: Callable[[str, str], int], block: int, keep_max: int) -> list[Step]:
     """The steps that write `shard`; `piece_bytes(unit, tensor)`: the bytes of the tensor that the unit writes."""
+    return [s for s in group_steps([shard], piece_bytes, block, keep_max) if not isinstance(s, OutShard)]
+
+
+def linked_groups(shards: list[OutShard]) -> list[list[OutShard]]:
+    """`shards` in runs that one lane writes in turn: a shard joins the one before when the unit of its first
+    piece also wrote the last piece there (a whole-block unit's outputs span shards: run once, not per shard)."""
+    groups: list[list[OutShard]] = []
+    for s in shards:
+        prev = groups[-1][-1] if groups else None
+        tail = prev.tensors[-1].producers[-1:] if prev and prev.tensors else ()
+        if tail and s.tensors and s.tensors[0].producers[:1] == tail:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def group_steps(shards: list[OutShard], piece_bytes: Callable[[str, str], int], block: int,
+                keep_max: int) -> list[Union[Step, OutShard]]:
+    """The steps that write `shards` one after another, each shard's steps after the shard itself; a stretch of
+    one unit's pieces that runs on into the next shard is one run."""
     pieces: list[tuple[OutTensor, str | None, bool]] = []  # (tensor, unit or None for a copy, last piece)
-    for t in shard.tensors:
-        units = t.producers
-        if not units:
-            pieces.append((t, None, True))
-        pieces += [(t, k, p == len(units) - 1) for p, k in enumerate(units)]
+    starts: dict[int, list[OutShard]] = {}  # piece index -> the shards that begin there
+    for shard in shards:
+        starts.setdefault(len(pieces), []).append(shard)
+        for t in shard.tensors:
+            units = t.producers
+            if not units:
+                pieces.append((t, None, True))
+            pieces += [(t, k, p == len(units) - 1) for p, k in enumerate(units)]
 
     runs: dict[int, tuple[str, list[str], list[str]]] = {}  # first piece -> (unit, writes, keeps)
     kept: set[int] = set()
@@ -73,8 +98,9 @@ def shard_steps(shard: OutShard, piece_bytes: Callable[[str, str], int], block: 
             last_run[k] = i
         prev = k
 
-    steps: list[Step] = []
+    steps: list[Union[Step, OutShard]] = []
     for i, (t, k, last) in enumerate(pieces):
+        steps += starts.get(i, [])
         if k is None:
             n = t.nbytes
             steps += [Copy(t, s, min(n, s + block), s + block >= n) for s in range(0, max(n, 1), block)]
@@ -83,4 +109,5 @@ def shard_steps(shard: OutShard, piece_bytes: Callable[[str, str], int], block: 
             unit, writes, keeps = runs[i]
             steps.append(Run(unit, tuple(writes), tuple(keeps)))
         steps.append(Emit(t, k, last, i in kept))
+    steps += starts.get(len(pieces), [])
     return steps

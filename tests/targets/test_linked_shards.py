@@ -1,0 +1,80 @@
+"""A unit whose outputs span shards (a whole-block moe_ep unit at a 2 GB shard size) is read and converted once,
+and a lane's budget holds two such units when half of --max-memory has room for them."""
+
+import collections
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fimoe_convert.convert import convert
+from fimoe_convert.pipeline.feeder import KEEP_MAX
+from fimoe_convert.budget import READ_AHEAD_MAX, MemoryBudget
+from fimoe_convert.pipeline.schedule import Emit, Run, group_steps, linked_groups
+from fimoe_convert.plan import OutShard, OutTensor, Plan, Unit
+
+GB = 10**9
+
+
+def two_output_unit(key):
+    return Unit(key, "layers.0", 0, (0, 1), (), (OutTensor(f"{key}.A", "U8", (9,), key, 0),
+                                                 OutTensor(f"{key}.B", "U8", (9,), key, 0)))
+
+
+def test_shards_sharing_a_unit_are_one_group_and_the_unit_runs_once():
+    u, v = two_output_unit("u"), two_output_unit("v")
+    s1, s2, s3 = (OutShard("s1", u.outputs[:1], 0), OutShard("s2", u.outputs[1:] + v.outputs[:1], 0),
+                  OutShard("s3", v.outputs[1:], 0))
+    c = OutShard("c", (OutTensor("C", "U8", (4,)),), None)
+    assert linked_groups([c, s1, s2, s3, c]) == [[c], [s1, s2, s3], [c]]
+    plan = Plan((s1, s2, s3), {"u": u, "v": v}, 0)
+    steps = group_steps([s1, s2, s3], plan.piece_bytes, 16, KEEP_MAX)
+    assert steps == [s1, Run("u", ("u.A", "u.B"), ()), Emit(u.outputs[0], "u", True, False),
+                     s2, Emit(u.outputs[1], "u", True, False), Run("v", ("v.A", "v.B"), ()),
+                     Emit(v.outputs[0], "v", True, False), s3, Emit(v.outputs[1], "v", True, False)]
+
+
+def test_a_shard_alone_is_its_own_group():
+    u = two_output_unit("u")
+    s1, s2 = OutShard("s1", u.outputs[:1], 0), OutShard("s2", (OutTensor("C", "U8", (4,)),), None)
+    assert linked_groups([s1, s2]) == [[s1], [s2]]
+    assert [type(s).__name__ for s in group_steps([s1], Plan((s1,), {"u": u}, 0).piece_bytes, 16, KEEP_MAX)] == [
+        "OutShard", "Run", "Emit"]
+
+
+@pytest.mark.parametrize("memory, unit, budget", [
+    (24 * GB, 6_650_000_000, 6 * GB),  # two 6.65 GB units (26.6 GB) need more than half: a quarter, one unit
+    (56 * GB, 6_650_000_000, 26_600_000_000),  # half has room for two units: they overlap
+    (64 * GB, 1 * GB, 4 * GB),  # a quarter already holds two units
+    (8 * GB, 1 << 20, READ_AHEAD_MAX),  # small units: read ahead READ_AHEAD_MAX
+])
+def test_lane_budget_holds_two_units_where_half_the_memory_has_room(memory, unit, budget):
+    assert MemoryBudget(memory).lane_bytes(unit) == budget
+
+
+def test_whole_block_units_across_shards_run_once_and_write_the_same_tensors(tmp_path, monkeypatch):
+    pytest.importorskip("flashinfer.moe_ep")
+    from fimoe_convert.targets import moe_ep
+    from fimoe_convert.testing import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "src", "tiny", layers=2, hash_layers=1, mtp=1, extreme_scales=False)
+    target, params = "sm90_fp8_fp8_bf16_pull_cutedsl", {"fp8_scale_mode": "blockwise"}
+    whole = convert(str(ckpt), str(tmp_path / "whole"), target, params=params)
+    calls = collections.Counter()
+    run = moe_ep.MoeEpTarget.run
+    monkeypatch.setattr(moe_ep.MoeEpTarget, "run", lambda self, u, i: calls.update([u.key]) or run(self, u, i))
+    split = convert(str(ckpt), str(tmp_path / "split"), target, params=params, shard_size="300KB")
+    assert dict(calls) == {f"{b}.ffn.experts.ep0": 1 for b in ("layers.0", "layers.1", "mtp.0")}
+    # every block's fc1 weight has a shard of its own at 300 KB: the outputs span shards
+    assert split.shards > whole.shards + 3
+
+    def tensors(out):
+        got = {}
+        for f in sorted(out.glob("model-*.safetensors")):
+            got.update(load_file(f))
+        return got
+
+    a, b = tensors(tmp_path / "whole"), tensors(tmp_path / "split")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].view(-1).view(torch.uint8).equal(b[k].view(-1).view(torch.uint8)), k
