@@ -298,7 +298,7 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("victim, skip, budget, named", [
-    ("model-", 0, 2_500_000, r"model-0000[3-9]-of-00009\.safetensors"),  # mid-shard, after two shards
+    ("model-", 0, 2_500_000, r"model-0000[3-9]-of-000\d\d\.safetensors"),  # mid-shard, after two shards
     (MANIFEST, 3, 100, re.escape(MANIFEST)),  # the 4th manifest rewrite
     (INDEX, 0, 10, re.escape(INDEX)),  # while writing the final metadata
 ])
