@@ -298,7 +298,7 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("victim, skip, budget, named", [
-    ("model-", 0, 2_500_000, r"model-0000[3-9]-of-00009\.safetensors"),  # mid-shard, after two shards
+    ("model-", 0, 2_500_000, r"model-0000[3-9]-of-000\d\d\.safetensors"),  # mid-shard, after two shards
     (MANIFEST, 3, 100, re.escape(MANIFEST)),  # the 4th manifest rewrite
     (INDEX, 0, 10, re.escape(INDEX)),  # while writing the final metadata
 ])
@@ -583,7 +583,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
 
 
 @pytest.mark.parametrize("target, cores, writers, threads", [
-    ("bf16", 16, 4, 2),  # output 3.3x the input: the input needs fewer hashers than the lanes
+    ("bf16", 16, 4, 3),  # output 1.9x the input (experts 3.8x, the rest copied): fewer hashers than the lanes
     ("megamoe_sm90_mxfp4", 16, 4, 4),  # output the size of the input: one per lane
     ("megamoe_sm90_mxfp4", 2, 4, 1),  # at most one per 4 cores
 ])
