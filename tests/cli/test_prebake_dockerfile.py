@@ -177,7 +177,7 @@ MUTATIONS = {
     "cache copied": ("WORKDIR /src\n", "WORKDIR /src\nCOPY --from=hf-cache / /hf-cache\n"),
     "no fixed mtimes": (" \\\n && find /layer -exec touch -h -d @0 {} +", ""),
     "mtimes of OUT only": ("find /layer -exec", "find /layer/models/out -exec"),
-    "a dependency less": ('"click>=8.1" "tqdm>=4.66" ${FLASHINFER}', '"tqdm>=4.66" ${FLASHINFER}'),
+    "a dependency less": ('"packaging>=22" "tqdm>=4.66" ${FLASHINFER}', '"tqdm>=4.66" ${FLASHINFER}'),
     "MODEL with a default": ("ARG MODEL REVISION=", "ARG MODEL=x/y REVISION="),
     "local base": ("ARG PYTHON_IMAGE=python:3.11-slim", "ARG PYTHON_IMAGE=localhost/fimoe-base:bookworm"),
 }
