@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
+from ..budget import UNIT_BYTES_MAX
 from ..checkpoint import expert_name
 from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
@@ -24,7 +25,6 @@ LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
 # Leaf order of the object mxfp4_mega_moe takes: (l1, l2, l1_global_scales, l2_global_scales). In the file each
 # leg's weight comes before its global scale (names sort that way), so a unit's tiny scale piece waits, not its weight.
 STRUCTURE = (("l1", "weight"), ("l2", "weight"), ("l1", "weight_global_scale"), ("l2", "weight_global_scale"))
-UNIT_BYTES = 64 << 20  # output bytes per unit (a chunk of one leg's experts) when the converter gives none
 GLOBAL_SCALE_BYTES = 4  # one FP32 per expert
 
 
@@ -102,7 +102,7 @@ class MegaMoeTarget(Target):
                 pre = prefix(block, rank)
                 for leg, shape in shapes.items():
                     per_expert = math.prod(shape) + GLOBAL_SCALE_BYTES
-                    step = max(1, (self.opts.unit_bytes or UNIT_BYTES) // per_expert)
+                    step = max(1, (self.opts.unit_bytes or UNIT_BYTES_MAX) // per_expert)
                     for a in range(lo, hi, step):
                         b = min(hi, a + step)
                         key = f"{pre}.{leg}.{a}-{b}"

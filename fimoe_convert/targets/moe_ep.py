@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from ..budget import UNIT_BYTES_MAX
 from ..checkpoint import EXPERT_LEGS, ModelSpec, expert_name
 from ..dtypes import st_dtype, tensor_nbytes
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
@@ -23,7 +24,6 @@ from .base import Target, check_scales, kernel_target_config, prefix, to_host
 from .families import kernel_config
 
 PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
-UNIT_BYTES = 64 << 20  # output bytes per unit (a chunk of one rank's experts) when the converter gives none
 LEG_NAMES = ("fc1", "fc2")
 PROBE_PREFIX = "PROBE"
 
@@ -111,7 +111,7 @@ class MoeEpTarget(Target):
         for block in self.model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
                 pre = prefix(block, rank)
-                step = max(1, (self.opts.unit_bytes or UNIT_BYTES) // per_expert) if self.chunks() else hi - lo
+                step = max(1, (self.opts.unit_bytes or UNIT_BYTES_MAX) // per_expert) if self.chunks() else hi - lo
                 for a in range(lo, hi, step):
                     b = min(hi, a + step)
                     key = pre if (a, b) == (lo, hi) else f"{pre}.{a}-{b}"
