@@ -1,8 +1,8 @@
 """vLLM's own config and DeepSeek V4 quant-config selection on one output folder: `python vllm_load.py OUT`.
 
 Without a GPU, vLLM is told it runs on an H200 (capability 9.0) and its CUDA extension modules are replaced by
-stubs that raise if called, so only Python-level config code runs. Stops (and says so) before the model is built:
-constructing DeepseekV4ForCausalLM and its load_weights are not reached by this script yet."""
+stubs that raise if called, so only Python-level code runs. Then builds the CUDA model class on the CPU and
+prints the exact line where it stops; load_weights is not reached on a CPU yet."""
 
 import sys
 from pathlib import Path
@@ -58,7 +58,32 @@ def main(out: str) -> int:
         with set_current_vllm_config(cfg):
             print(f"expert_dtype resolved: {qc.expert_dtype!r}; linear scales e8m0: {qc.is_scale_e8m0}")
             print(f"weight_block_size: {qc.weight_block_size}; ignored_layers: {len(qc.ignored_layers or [])}")
-    print("STOP: model construction and load_weights not reached by this script")
+    return build(cfg)
+
+
+def build(cfg) -> int:
+    """Build DeepseekV4ForCausalLM (the CUDA model class) on the CPU; print the exact point where it stops."""
+    import tempfile
+    import traceback
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with set_current_vllm_config(cfg):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{tempfile.mktemp()}")
+        initialize_model_parallel(1, 1)
+        from vllm.models.deepseek_v4.nvidia.model import DeepseekV4ForCausalLM
+
+        try:
+            with torch.device("cpu"):
+                model = DeepseekV4ForCausalLM(vllm_config=cfg, prefix="")
+        except Exception as exc:  # report where the engine's own code stops
+            frame = traceback.extract_tb(exc.__traceback__)[-2]
+            print(f"STOP building the model: {Path(frame.filename).name}:{frame.lineno} `{frame.line}` "
+                  f"-> {type(exc).__name__}: {exc}")
+            return 1
+    print(f"built: {sum(1 for _ in model.named_parameters())} parameters; load_weights not run by this script")
     return 0
 
 
