@@ -1,0 +1,22 @@
+"""Stub modules for CUDA-only extensions: importing works, calling any attribute raises and is recorded."""
+import importlib.abc, importlib.machinery, sys, types
+CALLED = []
+class _Stub(types.ModuleType):
+    __path__ = []
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        qual = f"{self.__name__}.{attr}"
+        def kernel(*a, **k):
+            CALLED.append(qual)
+            raise RuntimeError(f"CUDA-only {qual} called")
+        kernel.__name__ = attr
+        return kernel
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names): self.names = tuple(names)
+    def find_spec(self, name, path, target=None):
+        if any(name == n or name.startswith(n + ".") for n in self.names):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec): return _Stub(spec.name)
+    def exec_module(self, module): pass
+def install(names): sys.meta_path.insert(0, _Finder(names))

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Make the tiny source, convert the outputs the README tells users to serve with vLLM, and run vllm_load.py on
+# each inside a private venv (never the project's). Usage: scripts/engines/run.sh WORKDIR
+set -euo pipefail
+work=${1:?usage: run.sh WORKDIR}
+here=$(cd "$(dirname "$0")" && pwd)
+venv=$work/venv-vllm
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch==2.13.0
+  "$venv/bin/pip" install -q --no-deps vllm==0.33.0 compressed-tensors==0.17.0 loguru
+  "$venv/bin/pip" install -q "transformers>=5.16.1,<5.21.0" safetensors pydantic msgspec regex cachetools psutil \
+    sentencepiece numpy requests tqdm blake3 py-cpuinfo huggingface_hub tokenizers protobuf pyyaml einops \
+    cloudpickle pyzmq filelock cbor2 pybase64 setproctitle aiohttp fastapi openai prometheus_client pillow \
+    partial-json-parser jsonschema watchfiles python-json-logger ninja ijson oss-harmony uvloop xgrammar \
+    llguidance triton_kernels
+fi
+python3 -c "from fimoe_convert.testing import transformers_model as tm; tm.write_release_checkpoint('$work/src')"
+for t in "bf16" "fp8_block --param scale_dtype=f32"; do
+  o=$work/out-$(echo "$t" | tr ' =' '__')
+  [ -d "$o" ] || fimoe-convert "$work/src" "$o" --target $t
+  "$venv/bin/python" "$here/vllm_load.py" "$o"
+done
