@@ -15,7 +15,7 @@ if [ ! -x "$venv/bin/python" ]; then
     partial-json-parser jsonschema watchfiles python-json-logger ninja ijson oss-harmony uvloop xgrammar \
     llguidance triton_kernels
 fi
-python3 -c "from fimoe_convert.testing import transformers_model as tm; tm.write_release_checkpoint('$work/src')"
+python3 scripts/make_fixture.py "$work/src" --preset tiny
 for t in "bf16" "fp8_block --param scale_dtype=f32"; do
   o=$work/out-$(echo "$t" | tr ' =' '__')
   [ -d "$o" ] || fimoe-convert "$work/src" "$o" --target $t
