@@ -232,7 +232,10 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
     defaults = {p.name: p.default for p in ctx.command.params}
     shown = [f"--{k.replace('_', '-')} {flags[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
              if flags[k] != defaults[k]]
-    return one_line(" ".join(["fimoe-convert", shlex.quote(src), "OUT", *shown,
+    from .files.output import path_kind
+
+    shown_src = shlex.quote(src) if path_kind(src) == "missing" else "SRC"  # a local path stays on this machine
+    return one_line(" ".join(["fimoe-convert", shown_src, "OUT", *shown,
                               *(["--allow-lossy"] if flags["allow_lossy"] else []),
                               *[f"--param {k}={v}" for k, v in sorted(params.items())]]))
 

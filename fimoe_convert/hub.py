@@ -15,7 +15,7 @@ _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
 def _fallback_command(manifest: Manifest) -> str:
     """The CLI command equivalent to a library call that did not say how it was called."""
     src, opts = manifest.source, manifest.options
-    parts = ["fimoe-convert", src.spec, "OUT", "--target", manifest.target.name]
+    parts = ["fimoe-convert", src.repo_id or "SRC", "OUT", "--target", manifest.target.name]
     if src.revision and src.repo_id:
         parts += ["--revision", src.revision]
     if manifest.ep_size != 1:
@@ -44,7 +44,7 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
     if target.kernel_name:
         tags |= {"flashinfer", *[f"sm{c.replace('.', '')}" for c in caps]}
     meta = {
-        "source": {"repo_id": base, "revision": revision} if base else {"path": src.spec},
+        "source": {"repo_id": base, "revision": revision} if base else {"folder": Path(src.spec).name},
         "target": target.name,
         "kernel_name": target.kernel_name,
         "vllm_moe_backend": target.vllm_moe_backend,
@@ -68,7 +68,7 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
         "",
         "| | |",
         "|---|---|",
-        f"| base model | {base or src.spec} (revision {revision or 'local folder, no revision'}) |",
+        f"| base model | {base or name} (revision {revision or 'local folder, no revision'}) |",
         f"| target | `{target.name}`; weights {target.weight_format}, activations {target.activation_format} |",
         f"| compute capabilities | {', '.join(caps) or 'any'} |",
         f"| runtime needs | {', '.join(needs) or 'none beyond the engine'} |",
@@ -84,6 +84,12 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
         "",
         "```",
         command,
+        "```",
+        "",
+        "Serve:",
+        "",
+        "```",
+        *kind.serve_lines(target),
         "```",
         "",
         kind.load_heading(),

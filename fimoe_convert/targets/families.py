@@ -53,6 +53,15 @@ class Family:
     def load_heading(self) -> str:
         return "Load:"
 
+    def serve_lines(self, target) -> list[str]:
+        """The model card's serve commands for an output of `target` (docs/SERVING.md has the details)."""
+        dense_bf16 = target.parameters.get("dense") == "bf16"
+        engines = ["vllm serve OUT --tensor-parallel-size 8",
+                   "SGLANG_DSV4_FP4_EXPERTS=0 python3 -m sglang.launch_server --model-path OUT --tp 8"]
+        return [*([] if dense_bf16 else engines),
+                f"# transformers {'>= 5.20' if dense_bf16 else '5.17, 5.20 or 5.24 (checked)'}: "
+                "AutoModelForCausalLM.from_pretrained(OUT)"]
+
     def megakernel_problem(self, target) -> str | None:
         """Why an output of `target` runs in no FlashInfer megakernel (None: it does)."""
         return f"--target {target.name}: {NOT_A_MEGAKERNEL}"
@@ -83,6 +92,14 @@ class Fp8BlockFamily(Family):
         return (f"fp8_block: {plural(r['tensors'], 'expert matrix', 'expert matrices')}, {plural(r['tiles'], 'tile')}, "
                 f"{lossy}")
 
+    def serve_lines(self, target) -> list[str]:
+        if target.parameters.get("scale_dtype") == "f32":  # expert_dtype fp8 with F32 scales: what vLLM reads
+            return ["vllm serve OUT --tensor-parallel-size 8  # or --data-parallel-size 8 --enable-expert-parallel",
+                    "# transformers 5.17, 5.20 or 5.24 (checked): AutoModelForCausalLM.from_pretrained(OUT)"]
+        return ["SGLANG_DSV4_FP4_EXPERTS=0 python3 -m sglang.launch_server --model-path OUT --tp 8  # or --ep-size 8",
+                "# transformers 5.17, 5.20 or 5.24 (checked): AutoModelForCausalLM.from_pretrained(OUT)",
+                "# not vLLM: it reads E8M0-scaled FP8 experts as FP4 (convert with --param scale_dtype=f32)"]
+
     def dense_description(self) -> tuple[str, str]:
         return ("# FP8 E4M3 routed experts with `.scale` tile scales under their original names: serve it as\n"
                 "# a DeepSeek V4 FP8 checkpoint (E8M0 scales: SGLang, DeepSeek's inference code; F32 scales with\n"
@@ -94,6 +111,9 @@ class KernelFamily(Family):
 
     def load_heading(self) -> str:
         return "Load with the fimoe-convert runtime shim (no load-time transform):"
+
+    def serve_lines(self, target) -> list[str]:
+        return ["# FlashInfer's megakernel through fimoe_convert.runtime (below); no engine reads this layout as is"]
 
     def megakernel_problem(self, target) -> str | None:
         return None

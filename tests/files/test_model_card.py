@@ -11,6 +11,7 @@ import re
 import shlex
 
 import pytest
+from pathlib import Path
 import torch
 from click.testing import CliRunner
 from huggingface_hub import ModelCard
@@ -74,7 +75,9 @@ def test_bf16_card(bf16_out):
     assert d["library_name"] == "fimoe-convert"
     assert {"deepseek_v4", "fimoe-convert", "moe", "bf16"} <= set(d["tags"]) and "flashinfer" not in d["tags"]
     meta = d["fimoe_convert"]
-    assert meta["source"] == {"path": m["source"]["spec"]}
+    assert meta["source"] == {"folder": Path(m["source"]["spec"]).name}
+    assert m["source"]["spec"] not in card.content  # no local path of the converting machine is published
+    assert "AutoModelForCausalLM.from_pretrained(OUT)" in card.content and "vllm serve OUT" in card.content
     assert meta["target"] == "bf16" and meta["kernel_name"] is None and meta["vllm_moe_backend"] is None
     assert meta["compute_capabilities"] == [] and meta["runtime_needs"] == [] and meta["needs_nvshmem"] is False
     assert meta["ep_size"] == 1 and meta["command"] == BF16_CMD
@@ -106,7 +109,7 @@ def test_megamoe_card(mm_out, tiny_ckpt):
     assert meta["compute_capabilities"] == ["9.0"] and meta["needs_nvshmem"] is False and meta["ep_size"] == 2
     assert meta["runtime_needs"] == ["torch.distributed (process group)", "torch symmetric memory (MegaMoESymmBuffer)"]
     # convert() called as a library: the card gives the equivalent command.
-    assert meta["command"] == f"fimoe-convert {tiny_ckpt} OUT --target megamoe_sm90_mxfp4 --ep-size 2"
+    assert meta["command"] == "fimoe-convert SRC OUT --target megamoe_sm90_mxfp4 --ep-size 2"  # no local path
     assert "| compute capabilities | 9.0 |" in card.text and "| NVSHMEM | not needed |" in card.text
     assert "load_megamoe_weights" in card.text and "mxfp4_mega_moe" in card.text
     scope: dict = {}
