@@ -19,16 +19,18 @@ from typing import Callable
 
 from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
-from .errors import InputError, ValidationError
+from .errors import InputError, UsageError, ValidationError
 from .files.lock import OutLock
 from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
                            remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
 from .files.safetensors import INDEX_NAME, remove_own_temporaries
 from .files.source import Source, open_source
+from .files.stream import StreamedSource, check_stream_flags, open_streamed
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
 from .files.hashing import ParallelHashes
 from .pipeline.lanes import Lanes, lane_budget, lane_count
+from .pipeline.reads import shard_inputs, source_reads
 from .sizes import human
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
@@ -61,6 +63,8 @@ class ConvertResult:
     # including `wait_for_device`: its wait for device-to-host copies), `write` (copy into write buffers,
     # disk, fsync).
     timings: dict = field(default_factory=dict)
+    bytes_fetched: int | None = None  # --stream: bytes received from the Hub (re-reads included)
+    upload: dict | None = None  # --upload-repo: what `upload` returned
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -87,13 +91,16 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     check_progress: Callable[[int, int], None] | None = None,
     command: str | None = None,
+    stream: bool = False,
+    upload_repo: str | None = None,
 ) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
-    model card."""
+    model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
+    (files/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`)."""
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
@@ -102,9 +109,11 @@ def convert(
                                  overwrite=overwrite, writers=writers)
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
+    _check_flags(src, offline, revision, group, stream, upload_repo)
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
     weights = not dry_run or resume
-    source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline, weights=weights))
+    source, error = group.per_node(lambda: open_streamed(src, revision) if stream and not dry_run else
+                                   open_source(src, revision=revision, offline=offline, weights=weights))
     problems = list(error.problems) if error else []
     tgt = None
     if source is not None:
@@ -142,10 +151,19 @@ def convert(
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
         lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
-        hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
+        streamed = isinstance(source, StreamedSource)
+        local = [f for f in source.input_files() if not (streamed and f in source.remote)]
+        hashes = hash_inputs(source, local if group.rank == 0 else [], threads, manifest)
+        if streamed:  # each shard hashed as it streams, recorded as it is verified
+            source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, flags.memory_bytes // 4,
+                         lambda rel, sha: _record_sha(source, manifest, rel, sha))
+            on_exit.push(lambda failed, *_: source.close(failed is not None))
         mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = hashes.result()
+        if streamed:
+            digests.update(source.verified())
+            result.bytes_fetched = source.fetched
         manifest.close()
         for part in group.gather(mine):
             manifest.data["files"].update(part)
@@ -155,6 +173,10 @@ def convert(
             result.report = manifest.data["report"]
         group.barrier()
     group.close()
+    if upload_repo:
+        from .hub import upload
+
+        result.upload = upload(str(out_dir), upload_repo)
     if flags.target.device == "cuda":
         import torch
 
@@ -162,6 +184,20 @@ def convert(
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+def _check_flags(src: str, offline: bool, revision: str | None, group: Group, stream: bool,
+                upload_repo: str | None) -> None:
+    """--stream and --upload-repo, before SRC is opened: usage errors naming the flag."""
+    if stream:
+        check_stream_flags(src, offline, revision)
+        if group.world > 1:
+            raise UsageError(f"--stream: WORLD_SIZE={group.world}; a streamed conversion runs in one process: "
+                             "drop --stream, or run without torchrun")
+    if upload_repo:
+        from .hub import check_repo_id
+
+        check_repo_id(upload_repo, "--upload-repo")
 
 
 def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],
@@ -289,16 +325,22 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
     finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
 
-    def add(m: dict, rel: str, sha: str) -> None:
-        rec = m["source"]["files"][rel]
-        resuming.check_sha(source.root / rel, sha, rec["sha256"], manifest.out_dir)  # a recorded hash stays
-        rec["sha256"] = sha
-
     def record(rel: str, sha: str) -> None:
         if manifest is not None:
-            manifest.update(lambda m: add(m, rel, sha))
+            _record_sha(source, manifest, rel, sha)
 
     return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
+
+
+def _record_sha(source: Source, manifest: LiveManifest, rel: str, sha: str) -> None:
+    """Add an input's sha256 to the live manifest; one recorded before (by the run a --resume continues) stays."""
+
+    def add(m: dict) -> None:
+        rec = m["source"]["files"][rel]
+        resuming.check_sha(source.root / rel, sha, rec["sha256"], manifest.out_dir)
+        rec["sha256"] = sha
+
+    manifest.update(add)
 
 
 def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir: Path, lanes: tuple[int, int],
@@ -327,7 +369,10 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
 
         with lock:
             mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256, **({"report": part} if part else {})}
-            if group.world == 1:
+            if group.world == 1 and isinstance(source, StreamedSource):  # finished once its inputs are verified
+                source.after_verified(shard_inputs(plan, shard), out_dir / shard.filename,
+                                      lambda: manifest.update(written))
+            elif group.world == 1:
                 manifest.update(written)
             else:  # one status file per rank: ranks never rewrite the same file
                 write_rank_status(out_dir, group.rank, mine)

@@ -174,6 +174,18 @@ def upload_plan(out: str, progress=None) -> tuple[Path, dict, list[dict], list[s
     return out_dir, manifest, files, stray_files(out_dir, set(names))
 
 
+def check_repo_id(repo_id: str, flag: str = "REPO_ID") -> None:
+    """Refuse (UsageError naming `flag`) a repo id the Hub would refuse, before any work is done for it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{flag} {repo_id!r}: {e}") from None
+    if "/" not in repo_id:
+        raise UsageError(f"{flag} {repo_id!r}: expected NAMESPACE/NAME (your user or organization, then the repo)")
+
+
 def upload(out: str, repo_id: str, *, private: bool = False, revision: str | None = None,
            dry_run: bool = False, token: str | None = None, endpoint: str | None = None,
            commit_message: str | None = None, progress=None) -> dict:
