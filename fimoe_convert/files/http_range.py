@@ -32,11 +32,17 @@ def read_range(url: str, start: int, end: int, sink: Callable[[memoryview], None
     Raises InputError naming `where` after RETRIES attempts in a row without progress (or RETRIES_TOTAL in all),
     or at once for a 4xx (the file is not there, or the token may not read it)."""
     pos, failures, attempts = start, 0, 0
+
+    def counted(view: memoryview) -> None:
+        nonlocal pos
+        sink(view)
+        pos += len(view)
+
     while pos < end:
         attempts += 1
         before = pos
         try:
-            pos = _attempt(url, pos, end, sink, token, where)
+            _attempt(url, pos, end, counted, token, where)
             if pos < end:
                 raise _Retry(f"the answer ended at byte {pos} of {end}")
         except (Stop, InputError):
@@ -50,8 +56,8 @@ def read_range(url: str, start: int, end: int, sink: Callable[[memoryview], None
             time.sleep(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)])
 
 
-def _attempt(url: str, pos: int, end: int, sink, token, where: str) -> int:
-    """One GET of bytes [pos, end); returns the file offset reached."""
+def _attempt(url: str, pos: int, end: int, sink, token, where: str) -> None:
+    """One GET of bytes [pos, end), handed to `sink` as they come."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     headers = {**build_hf_headers(token=token), "Range": f"bytes={pos}-{end - 1}", "Accept-Encoding": "identity"}
@@ -78,7 +84,6 @@ def _attempt(url: str, pos: int, end: int, sink, token, where: str) -> int:
                 pos += len(view)
             if pos >= end:
                 break
-    return pos
 
 
 def _first_byte(r, pos: int, where: str) -> int:
