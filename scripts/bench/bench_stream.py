@@ -217,11 +217,12 @@ def main() -> None:
         left = sorted(p.name for p in cache.rglob("*.safetensors"))
         row = {"target": target, "seconds": round(secs, 2), "ratio": round(secs / seconds, 3), "peak_disk": peak,
                "out_disk": out_bytes, "peak_over_out": round(peak / out_bytes, 4), "fetched": res.get("bytes_fetched"),
-               "shards_in_cache": left}
+               "shards_in_cache": left, "convert_seconds": round(res["seconds"], 2), "timings": res["timings"]}
         results["runs"].append(row)
         print(f"--stream {target}: {secs:.2f} s = {secs / seconds:.2f}x the download; peak disk {human(peak)} = "
               f"{peak / out_bytes:.4f}x the output ({human(out_bytes)}); fetched {human(res.get('bytes_fetched') or 0)}"
-              f"; source shards in the cache: {len(left)}")
+              f"; source shards in the cache: {len(left)}; convert() itself {res['seconds']:.2f} s, stages "
+              f"{res['timings']}")
         shutil.rmtree(out)
         shutil.rmtree(cache)
     if args.json:
