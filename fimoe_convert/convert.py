@@ -151,19 +151,12 @@ def convert(
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
         lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
-        streamed = isinstance(source, StreamedSource)
-        local = [f for f in source.input_files() if not (streamed and f in source.remote)]
+        local = [f for f in source.input_files() if not isinstance(source, StreamedSource) or f not in source.remote]
         hashes = hash_inputs(source, local if group.rank == 0 else [], threads, manifest)
-        if streamed:  # each shard hashed as it streams, recorded as it is verified
-            source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, flags.memory_bytes // 4,
-                         lambda rel, sha: _record_sha(source, manifest, rel, sha))
-            on_exit.push(lambda failed, *_: source.close(failed is not None))
+        _start_stream(source, plan, todo, carried, flags.memory_bytes, manifest, on_exit)
         mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
-        digests = hashes.result()
-        if streamed:
-            digests.update(source.verified())
-            result.bytes_fetched = source.fetched
+        digests = {**hashes.result(), **_streamed_hashes(source, result)}
         manifest.close()
         for part in group.gather(mine):
             manifest.data["files"].update(part)
@@ -184,6 +177,25 @@ def convert(
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, memory: int,
+                  manifest: LiveManifest, on_exit: contextlib.ExitStack) -> None:
+    """--stream: start reading the source shards, each hashed as it streams and recorded once verified; a quarter
+    of --max-memory holds tensors that arrive before the lanes ask for them. No-op for another source."""
+    if isinstance(source, StreamedSource):
+        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, memory // 4,
+                     lambda rel, sha: _record_sha(source, manifest, rel, sha))
+        on_exit.push(lambda failed, *_: source.close(failed is not None))
+
+
+def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
+    """--stream: {shard: sha256} once every stream is verified (raises a mismatch, naming the shard)."""
+    if not isinstance(source, StreamedSource):
+        return {}
+    hashes = source.verified()
+    result.bytes_fetched = source.fetched
+    return hashes
 
 
 def _check_flags(src: str, offline: bool, revision: str | None, group: Group, stream: bool,

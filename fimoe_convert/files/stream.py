@@ -336,6 +336,9 @@ class StreamedSource(Source):
                         raise self._error
                     if name in shard.skipped:
                         break
+                    if shard.state == "done":  # streamed past and not kept: read more than `start` was told
+                        raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often than "
+                                         "planned; this is a bug: run again without --stream and report it")
                     if shard.state == "queued":  # asked before its turn: a connection of its own now
                         self._queue.remove(shard.rel)
                         shard.state = "streaming"

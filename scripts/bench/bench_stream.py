@@ -8,7 +8,8 @@ snapshot_download, 8 files at once), then `fimoe-convert REPO OUT --stream` for 
 Goal: --stream within 1.15x of the download, peak disk at most the output plus 1%.
 
 usage: python3 scripts/bench/bench_stream.py [--rate 200MB] [--layers 1] [--experts 16] [--work DIR]
-       [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]"""
+       [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
+       python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)"""
 
 from __future__ import annotations
 
@@ -173,8 +174,10 @@ def download(hub: Hub, cache: Path) -> None:
                    capture_output=True)
 
 
-def stream(hub: Hub, cache: Path, out: Path, target: str, max_memory: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "fimoe_convert", REPO, str(out), "--stream", "--target", target,
+def stream(hub: Hub, cache: Path, out: Path, target: str, max_memory: str, how: str = "--stream") -> dict:
+    """One CLI conversion of REPO in a child: `--stream`, or `--offline` from the cache a download filled."""
+    pin = ["--revision", COMMIT] if how == "--offline" else []  # the download fetched the commit, not `main`
+    r = subprocess.run([sys.executable, "-m", "fimoe_convert", REPO, str(out), how, *pin, "--target", target,
                         "--max-memory", max_memory, "--json", "-q", *EXTRA.get(target, [])],
                        env=env_for(hub, cache), capture_output=True, text=True)
     if r.returncode:
@@ -191,7 +194,11 @@ def main() -> None:
     ap.add_argument("--max-memory", default="8GiB")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "fimoe-bench-stream"))
     ap.add_argument("--json", default=None, help="write the results as JSON to this file")
+    ap.add_argument("--chart-from", default=None, help="draw the chart of an earlier --json FILE, then exit")
+    ap.add_argument("--chart", default="docs/img/stream.png")
     args = ap.parse_args()
+    if args.chart_from:
+        return chart(json.loads(Path(args.chart_from).read_text()), Path(args.chart))
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fimoe_convert.sizes import human, parse_size
     from fimoe_convert.testing import fresh_folder, make_checkpoint
@@ -208,6 +215,15 @@ def main() -> None:
     seconds, peak = timed(lambda: download(hub, cache), cache)
     results["download"] = {"seconds": round(seconds, 2), "peak_disk": peak}
     print(f"plain download: {seconds:.2f} s, {human(shard_bytes / seconds)}/s, peak disk {human(peak)}")
+    first = {}  # the alternative: convert the downloaded copy (--offline), after the download
+    for target in args.targets.split(","):
+        out, res = work / f"offline-{target}", {}
+        secs, _ = timed(lambda: res.update(stream(hub, cache, out, target, args.max_memory, "--offline")), out)
+        first[target] = {"seconds": round(secs, 2), "convert_seconds": round(res["seconds"], 2)}
+        print(f"download first, then --offline {target}: convert {secs:.2f} s (convert() {res['seconds']:.2f} s); "
+              f"with the download {seconds + secs:.2f} s, peak disk {human(peak + du(out))}")
+        shutil.rmtree(out)
+    results["download_first"] = first
     shutil.rmtree(cache)
     for target in args.targets.split(","):
         cache, out = work / f"cache-{target}", work / f"out-{target}"
@@ -229,6 +245,51 @@ def main() -> None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
+
+def chart(results: dict, png: Path) -> None:
+    """Wall seconds of `download, then convert --offline` and of `--stream` per target (split into the stream and
+    conversion, opening SRC on the Hub, and the process's start), and peak disk over the output's size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    down = results["download"]["seconds"]
+    rows = []  # (label, [(seconds, color, legend)])
+    for r in results["runs"]:
+        first = results.get("download_first", {}).get(r["target"])
+        if first:
+            rows.append((f"download, then {r['target']}", [(down, "#8172b2", "plain download"),
+                                                           (first["seconds"], "#c6c6c6", "convert --offline (wall)")]))
+        rows.append((f"--stream {r['target']}", [
+            (r["convert_seconds"] - r["timings"]["start"], "#4c72b0", "--stream: stream and convert"),
+            (r["timings"]["start"], "#dd8452", "--stream: open SRC on the Hub"),
+            (r["seconds"] - r["convert_seconds"], "#e5e5e5", "process start (imports)")]))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1.4]})
+    seen = set()
+    for i, (_, parts) in enumerate(rows):
+        left = 0.0
+        for secs, color, label in parts:
+            ax.barh(i, secs, left=left, color=color, label=None if label in seen else label)
+            seen.add(label)
+            left += secs
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (wall)")
+    ax.set_title(f"{results['shard_bytes'] / 1e6:.0f} MB of shards over a {results['rate']}/s cap, "
+                 f"{results['cores']} cores", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    runs = results["runs"]
+    bx.barh(range(len(runs)), [r["peak_over_out"] for r in runs], color="#55a868")
+    bx.axvline(1.01, color="k", ls="--", lw=1)
+    bx.set_yticks(range(len(runs)), [f"--stream {r['target']}" for r in runs], fontsize=8)
+    bx.invert_yaxis()
+    bx.set_xlim(0.99, 1.02)
+    bx.set_xlabel("peak disk / output size (goal <= 1.01)", fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    print(f"chart: {png}")
 
 if __name__ == "__main__":
     main()
