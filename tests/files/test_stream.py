@@ -176,8 +176,16 @@ def test_retries_are_bounded_and_resume_fetches_only_what_kept_shards_do_not_cov
     """A shard whose every answer drops at its first byte fails the run after RETRIES attempts, naming it (as a
     kill would, the run stops: shards verified so far stay recorded); --resume then keeps those shards and
     fetches only the source shards the rest needs."""
-    late = SHARDS[3]
-    when_streams_start(monkeypatch, lambda: setattr(served, "fault", lambda n, s, p: p[:0] if n == late else p))
+    late, first = SHARDS[3], []
+
+    def drop(name, start, part):  # the first answer after the others have streamed: the rest at once
+        if name != late:
+            return part
+        if not first:
+            first.append(time.sleep(2))
+        return part[:0]
+
+    when_streams_start(monkeypatch, lambda: setattr(served, "fault", drop))
     out = tmp_path / "out"
     with pytest.raises(InputError, match=rf"^org/tiny-v4/{late}@c{{40}}: reading bytes 0-\d+ from the Hub failed "
                                          rf"{http_range.RETRIES} times \(RemoteProtocolError"):
