@@ -230,3 +230,40 @@ def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  #
     assert arrived(hub, "fimoe-test/tiny-bf16") == expected_files(out)
     assert hashlib.sha256((out / "fimoe-manifest.json").read_bytes()).hexdigest() == hashlib.sha256(
         arrived(hub, "fimoe-test/tiny-bf16")["fimoe-manifest.json"]).hexdigest()
+
+
+def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, tmp_path, monkeypatch):
+    """SIGKILL while the last source shard streams (its answer stalls): the shards recorded as finished are kept
+    by --resume, which streams only the source shards the others need."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    late = SHARDS[3]
+    size = (tiny_ckpt / late).stat().st_size
+    served.fault = lambda name, start, part: (time.sleep(60), part)[1] if name == late and len(part) == size else part
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_ENDPOINT": served.url, "FIMOE_DEBUG": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", REPO, str(out), "--stream", "--shard-size", "1MB",
+                             "-q"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    manifest = out / "fimoe-manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # until the other source shards are verified and the lane waits for `late`
+        m = json.loads(manifest.read_text()) if manifest.exists() else {"source": {"files": {}}}
+        if all((m["source"]["files"].get(s) or {}).get("sha256") for s in SHARDS[:3]):
+            break
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = [f for f, st in json.loads(manifest.read_text())["status"].items() if st == "written"]
+    assert kept, proc.stderr.read()
+    served.fault = None
+    served.requests.clear()
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
+    assert res.shards_kept == len(kept)
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    assert verify(str(out))["problems"] == []
+    streamed = {s for s in SHARDS if f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)}
+    assert late in streamed and streamed < set(SHARDS), streamed
