@@ -5,6 +5,7 @@ The reference is the same repo downloaded first (a seeded Hugging Face cache, co
 
 import hashlib
 import json
+import re
 import time
 
 import huggingface_hub.constants as hf_constants
@@ -267,3 +268,16 @@ def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, 
     assert verify(str(out))["problems"] == []
     streamed = {s for s in SHARDS if f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)}
     assert late in streamed and streamed < set(SHARDS), streamed
+
+
+def test_cli_flags_reach_the_library(served, tiny_ckpt, tmp_path):
+    r = CliRunner().invoke(main, [REPO, str(tmp_path / "out"), "--stream", "--target", "fp8_block", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{"):])
+    assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS) and got["upload"] is None
+
+
+def test_cli_upload_repo_prints_where_it_went(hub, tiny_ckpt, tmp_path):  # noqa: F811
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--upload-repo", "fimoe-test/tiny-bf16"])
+    assert r.exit_code == 0, r.output
+    assert re.search(rf"^uploaded 8 files, .* -> {re.escape(hub.url)}/fimoe-test/tiny-bf16$", r.output, re.M), r.output
