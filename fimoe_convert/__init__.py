@@ -22,7 +22,8 @@ Where each job lives:
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
     files/             the only modules that open files, and the trust boundary: safetensors; SRC (a folder, or
-                       a Hub repo: remote.py reads headers without the weights); OUT (manifest, status, verify,
+                       a Hub repo: remote.py reads headers without the weights, stream.py and http_range.py stream
+                       its shards into the conversion for --stream); OUT (manifest, status, verify,
                        the lock); one strict JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
