@@ -25,8 +25,8 @@ from typing import Callable
 
 from ..errors import InputError, UsageError
 from .http_range import Stop, read_range
-from .remote import describing_files
-from .source import HUB_PATTERNS, Source, _is_repo_id, open_source, summarized
+from .hub_source import HUB_PATTERNS, _is_repo_id, describing_files
+from .source import Source, open_source, summarized
 
 CONNECTIONS = 4  # source shards read at once: one connection each (a Hub CDN serves one at a few hundred MB/s)
 METADATA_THREADS = 8  # HEAD requests for the shards' LFS records at once

@@ -3,7 +3,7 @@ in memory until read, for how many bytes, and in which order the source shards a
 
 from __future__ import annotations
 
-from ..files.safetensors import IO_BLOCK
+from ..budget import IO_BLOCK
 from ..plan import OutShard, Plan
 from .feeder import KEEP_MAX
 from .schedule import Copy, Run, shard_steps

@@ -1,0 +1,191 @@
+"""Reading from the Hugging Face Hub: SRC resolved (a local folder as is, a repo id from the cache or downloaded),
+`hf download --local-dir` records read, and a checkpoint described without downloading its weights.
+
+For `inspect` and `--dry-run` of a repo id whose weights are not in the cache (at V4 size a download takes hours
+before anything is said), config.json and the index are fetched into the cache (small files), and each shard's
+header is read from the Hub with two ranged requests (its length, then its JSON), then validated exactly as a
+local header is. Hand-written beside huggingface_hub's `parse_safetensors_file_metadata`, which returns parsed
+tensors without the header's bytes or the file's size: the strict checks a local header gets (offsets within the
+file) need both."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from pathlib import Path
+
+from ..errors import InputError, UsageError
+from .names import INDEX_NAME, MANIFEST_NAME
+from .st_header import MAX_HEADER_BYTES, Header, parse_header
+
+# What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
+HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
+_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+METADATA_MAX_BYTES = 4096  # a `hf download --local-dir` metadata file is three short lines
+FIRST_BYTES = 1 << 20  # the first request asks for this much: most headers (V4's are about 100-300 KB) fit
+HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
+
+
+# What `hf download --local-dir` leaves beside each file: commit, etag (an LFS file's sha256), download time.
+LOCAL_DIR_METADATA = ".cache/huggingface/download/{rel}.metadata"
+
+
+def local_dir_sha256(root: Path, rel: str) -> str | None:
+    """The sha256 huggingface_hub recorded when it downloaded `rel` into the folder `root` (`--local-dir`), if the
+    file has not changed since (huggingface_hub's own rule: mtime at most 1 s past the recorded time); else None.
+    Read here without huggingface_hub's reader, which takes a lock file and deletes bad metadata: SRC is only read."""
+    meta = root / LOCAL_DIR_METADATA.format(rel=rel)
+    try:
+        with open(meta, "rb") as f:
+            lines = f.read(METADATA_MAX_BYTES).decode("utf-8").splitlines()
+        etag, stamp = lines[1].strip(), float(lines[2])
+        fresh = (root / rel).stat().st_mtime - 1 <= stamp
+    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return etag if fresh and SHA256_RE.match(etag) else None
+
+
+def download(spec: str, revision: str | None) -> dict:
+    """Fetch the files a conversion of the Hub repo `spec` reads into the Hugging Face cache (resumable)."""
+    if not _is_repo_id(spec):
+        raise UsageError(f"SRC {spec!r}: not a Hub repo id (org/name); only a Hub repo is downloaded")
+    root = resolve_source_root(spec, revision, offline=False)[0]
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return {"repo_id": spec, "revision": root.name, "path": str(root), "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files)}
+
+
+def _is_repo_id(spec: str) -> bool:
+    return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
+
+
+def resolve_source_root(spec: str, revision: str | None, offline: bool,
+                        weights: bool = True) -> tuple[Path, Path, str | None, str | None]:
+    """(root, allowed_root, repo_id, revision): a local folder as is; a Hub repo id downloaded (or found in the
+    cache when offline) with huggingface_hub. `weights=False` (and online): only the small files that describe the
+    checkpoint (config, index, manifest) into the revision's snapshot folder, beside any shards already there."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if revision:
+            raise UsageError(f"--revision {revision}: SRC {spec!r} is a local folder; --revision applies to Hub "
+                             "repos only")
+        root = path.resolve()
+        return root, root, None, None
+    if path.exists():
+        raise UsageError(f"SRC {spec!r} is a file; expected a checkpoint folder or a Hub repo id (org/name)")
+    if not _is_repo_id(spec):
+        raise UsageError(f"SRC {spec!r}: no such folder, and not a Hub repo id (org/name)")
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    try:
+        if not weights and not offline:
+            snap = describing_files(spec, revision)
+        else:  # the cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts
+            snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
+                                                          local_files_only=offline,
+                                                          cache_dir=os.environ.get("HF_HUB_CACHE")))
+    except LocalEntryNotFoundError:
+        hint = "run once without --offline/HF_HUB_OFFLINE=1 to fetch it" if offline else "check the network"
+        raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; "
+                         f"{hint}") from None
+    except HfHubHTTPError as e:
+        raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
+                         "check the repo id, --revision and your token (HF_TOKEN)") from None
+    except OSError as e:  # the cache folder, or a transfer error huggingface_hub raises as an OSError
+        raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
+                         "pass --offline to use the local cache") from None
+    # A cache snapshot is snapshots/<commit>/ whose files link into ../../blobs of the same repo.
+    commit = snap.name if re.fullmatch(r"[0-9a-f]{40}", snap.name) else revision
+    allowed = snap.parent.parent.resolve() if snap.parent.name == "snapshots" else snap.resolve()
+    return snap, allowed, spec, commit
+
+
+def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
+    """Bytes [start, end] of the file at `url` and the file's total size. At most end + 1 bytes are read, also
+    from a server that ignores Range and sends the whole file (a shard is gigabytes)."""
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    try:
+        headers = {**build_hf_headers(token=token), "Range": f"bytes={start}-{end}"}
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as r:
+            if r.status_code >= 400:
+                r.read()  # the error's body, for hf_raise_for_status's message
+            hf_raise_for_status(r)
+            first = start if r.status_code == 206 else 0  # the file offset of the body's first byte
+            body = _read_at_most(r.iter_bytes(), end + 1 - first)
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            size = int(total) if total.isdigit() else int(r.headers.get("Content-Length", first + len(body)))
+    except OSError:
+        raise
+    except Exception as e:  # the HTTP client's transport errors are not OSErrors: made one, as a socket's would be
+        raise ConnectionError(f"{e.__class__.__name__}: {e}") from e
+    return body[start - first:], size
+
+
+def _read_at_most(chunks, limit: int) -> bytes:
+    """The first `limit` bytes of a stream of chunks; the rest is not read."""
+    got: list[bytes] = []
+    n = 0
+    for chunk in chunks:
+        got.append(chunk)
+        n += len(chunk)
+        if n >= limit:
+            break
+    return b"".join(got)[:limit]
+
+
+def remote_header(repo_id: str, filename: str, revision: str, token=None) -> Header:
+    """The validated header of the safetensors file `filename` of `repo_id` at `revision`, read from the Hub."""
+    from huggingface_hub import hf_hub_url
+
+    url = hf_hub_url(repo_id, filename, revision=revision)
+    where = f"{repo_id}/{filename}@{revision}"
+    data, size = _get(url, 0, FIRST_BYTES - 1, token)
+    if len(data) < 8:
+        raise InputError(f"{where}: {size} bytes, too short for a safetensors header; the file on the Hub is not a "
+                         "safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data) and n <= MAX_HEADER_BYTES and 8 + n <= size:
+        data += _get(url, len(data), 8 + n - 1, token)[0]
+    header = parse_header(data[:8], lambda k: data[8:8 + k], size, where)
+    return Header(Path(filename), header.file_size, header.data_start, header.tensors, header.metadata)
+
+
+def describing_files(repo_id: str, revision: str | None) -> Path:
+    """The revision's snapshot folder, holding the files that describe the checkpoint (config.json; the index and
+    a manifest where the repo has them), downloaded into the cache: kilobytes, where the weights are hundreds of
+    GB. Shards an earlier download left in that folder are used as they are."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE")
+    config = Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache))
+    commit = config.parent.name  # pinned: the other files and the headers come from the same commit
+    for name in (INDEX_NAME, MANIFEST_NAME):
+        try:
+            huggingface_hub.hf_hub_download(repo_id, name, revision=commit, cache_dir=cache)
+        except EntryNotFoundError:
+            pass
+    return config.parent
+
+
+def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[str, Header], list[str]]:
+    """({shard: header} read from the Hub, problems), on a few threads: one round trip per shard, each small."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel: str):
+        try:
+            return remote_header(repo_id, rel, revision), None
+        except InputError as e:
+            return None, str(e)
+        except OSError as e:  # huggingface_hub's HTTP errors; transport errors (_get raises them as ConnectionError)
+            return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
+                          f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
+
+    with ThreadPoolExecutor(HEADER_THREADS) as pool:
+        results = dict(zip(names, pool.map(one, names)))
+    return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]
