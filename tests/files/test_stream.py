@@ -32,7 +32,8 @@ def served(tiny_ckpt, tmp_path, monkeypatch):
     """The tiny checkpoint as REPO@COMMIT on a fake Hub that huggingface_hub is pointed at; an empty cache."""
     with HubFiles(REPO, tiny_ckpt, COMMIT) as h:
         monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
-        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", h.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            h.url + "/{repo_id}/resolve/{revision}/{filename}")
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -111,8 +112,9 @@ def test_a_corrupted_byte_stops_the_run_naming_the_shard(served, tiny_ckpt, tmp_
 
     when_streams_start(monkeypatch, lambda: setattr(served, "fault", corrupt))
     out = tmp_path / "out"
-    with pytest.raises(InputError, match=rf"^org/tiny-v4/{bad}@c{{40}}: the sha256 of the bytes received, [0-9a-f]{{16}}"
-                                         r"\.\.\., differs from the Hub's record, [0-9a-f]{16}\.\.\.; nothing converted"):
+    with pytest.raises(InputError, match=rf"^org/tiny-v4/{bad}@c{{40}}: the sha256 of the bytes received, "
+                                         r"[0-9a-f]{16}\.\.\., differs from the Hub's record, [0-9a-f]{16}\.\.\.; "
+                                         r"nothing converted"):
         convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
     m = json.loads((out / "fimoe-manifest.json").read_text())
     assert m["complete"] is False and m["source"]["files"][bad]["sha256"] is None
