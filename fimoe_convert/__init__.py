@@ -28,7 +28,8 @@ Where each job lives:
     files/             the only modules that open files, and the trust boundary: the names SRC and OUT share
                        (names.py); safetensors header, reader, shard writer (st_*.py); files written whole
                        (atomic.py); SRC (source.py: a folder, or a Hub repo: hub_source.py resolves, downloads and
-                       reads headers without the weights); the manifest, typed once, and the per-rank status files
+                       reads headers without the weights; stream.py and http_range.py stream its shards into
+                       the conversion for --stream); the manifest, typed once, and the per-rank status files
                        (manifest.py); OUT's checks, clearing, verify, tensor reads (output.py); the lock; one strict
                        JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
@@ -44,6 +45,7 @@ files):
     runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
     targets, runtime -> kernels (data)
     budget (memory constants) <- files, pipeline, options, targets, convert
+    convert -> upload (--upload-repo publishes OUT at the end)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
@@ -76,7 +78,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "eta": _BASE,
     "console": _BASE,
     "convert": _BASE | {"budget", "checkpoint", "distributed", "eta", "files", "hub", "kernels", "options",
-                        "pipeline", "plan", "resume", "targets"},
+                        "pipeline", "plan", "resume", "targets", "upload"},
     "runtime": _BASE | {"files", "kernels", "numerics", "targets"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"console", "convert", "testing", "verify"},

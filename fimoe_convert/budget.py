@@ -13,6 +13,7 @@ UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their
 UNIT_SHARE = 32  # a unit's output takes at most 1/32 of --max-memory
 UNIT_FACTOR = 2  # a unit holds its output and its inputs: about twice its output bytes
 LANES_SHARE = 4  # the lanes' read-ahead and their write buffers each take at most a quarter of --max-memory
+STREAM_SHARE = 4  # --stream keeps at most a quarter of --max-memory of source tensors that arrived early
 IO_BLOCK = 16 << 20  # bytes per read/write call when streaming large tensors, and per staging block
 STAGE_BLOCKS = 3  # staging blocks of IO_BLOCK bytes per shard writer: one filling, two writing/hashing
 READ_AHEAD_MAX = 128 << 20  # bytes a lane reads or converts ahead of its writer, unless two units need more
@@ -31,6 +32,11 @@ class MemoryBudget:
     def unit_bytes(self) -> int:
         """Output bytes per unit for targets that split their work (any value gives the same output)."""
         return min(UNIT_BYTES_MAX, self.total // UNIT_SHARE)
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes --stream may hold of source tensors that arrive before the lanes ask for them."""
+        return self.total // STREAM_SHARE
 
     def check_unit(self, key: str, out_bytes: int, ep_size: int, experts: int, by_rank: bool) -> None:
         """Refuse (naming the memory and, for a target whose units shrink with --ep-size (`by_rank`), the --ep-size

@@ -201,6 +201,10 @@ def main() -> None:
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
 @click.option("--writers", type=int, default=None,
               help="Output shards written and hashed at once (default: from the cores and --max-memory).")
+@click.option("--stream", is_flag=True,
+              help="Read a Hub SRC's shards over HTTP straight into the conversion (sha256-checked), none to disk.")
+@click.option("--upload-repo", default=None, metavar="ORG/NAME",
+              help="Upload the finished, verified OUT to this Hub repo at the end (as `fimoe-convert upload`).")
 @click.option("--config", "config", default=None, metavar="FILE", is_eager=True, callback=_preset,
               help="A preset (configs/convert/*.toml); flags given here override it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
@@ -243,6 +247,8 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
 def _summary(res) -> str:
     text = (f"converted to {res.target} on {res.device}: {plural(res.shards, 'shard')} ({res.shards_kept} kept), "
             f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
+    if res.upload:
+        text += f"\nuploaded {plural(res.upload['files'], 'file')}, {res.upload['human']} -> {res.upload['url']}"
     from .targets.families import family
 
     line = family(BY_NAME[res.target]).report_line(res.report)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, eta, resume as resuming, versions
+from .budget import MemoryBudget
 from .distributed import Group
-from .errors import InputError, ValidationError
+from .errors import InputError, UsageError, ValidationError
 from .files.atomic import remove_own_temporaries
 from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
 from .files.lock import OutLock
@@ -39,9 +40,11 @@ from .files.manifest import (
 from .files.names import INDEX_NAME
 from .files.output import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.source import Source, open_source
+from .files.stream import StreamedSource, check_stream_flags, open_streamed
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
 from .pipeline.lanes import Lanes
+from .pipeline.reads import shard_inputs, source_reads
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
 
@@ -72,6 +75,8 @@ class ConvertResult:
     # including `wait_for_device`: its wait for device-to-host copies), `write` (copy into write buffers,
     # disk, fsync).
     timings: dict = field(default_factory=dict)
+    bytes_fetched: int | None = None  # --stream: bytes received from the Hub (re-reads included)
+    upload: dict | None = None  # --upload-repo: what `upload` returned
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -98,13 +103,16 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     check_progress: Callable[[int, int], None] | None = None,
     command: str | None = None,
+    stream: bool = False,
+    upload_repo: str | None = None,
 ) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
-    model card."""
+    model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
+    (files/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`)."""
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
@@ -113,10 +121,10 @@ def convert(
                                  overwrite=overwrite, writers=writers)
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
+    _check_flags(src, offline, revision, group, stream, upload_repo)
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
-    source, converter = _checked(group, lambda: open_source(src, revision=revision, offline=offline,
-                                                            weights=not dry_run or resume), opts, out_dir, resume,
-                                 overwrite)
+    source, converter = _checked(group, lambda: _open(src, revision, offline, stream and not dry_run,
+                                                      not dry_run or resume), opts, out_dir, resume, overwrite)
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, converter, opts.shard_bytes)
     biggest = _check_memory(plan, opts, source.model.n_routed_experts)
@@ -142,12 +150,13 @@ def convert(
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
         lanes, budget, threads = _sizing(opts, biggest, len(todo), plan.read_bytes, result.bytes_written)
-        hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
+        hashes = hash_inputs(source, _local_inputs(source) if group.rank == 0 else [], threads, manifest)
         on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
+        _start_stream(source, plan, todo, carried, opts.memory, manifest, on_exit)
         mine = _write_shards(plan, todo, source, converter, out_dir, (lanes, budget), manifest, group, progress, result,
                              t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
-        digests = hashes.result()
+        digests = {**hashes.result(), **_streamed_hashes(source, result)}
         manifest.close()
         for part in group.gather(mine):
             manifest.manifest.files.update(part)
@@ -157,6 +166,10 @@ def convert(
             result.report = manifest.manifest.report
         group.barrier()
     group.close()
+    if upload_repo:
+        from .upload import upload
+
+        result.upload = upload(str(out_dir), upload_repo)
     return _done(result, opts, t0)
 
 
@@ -180,6 +193,52 @@ def _done(result: ConvertResult, opts: ConvertOptions, t0: float) -> ConvertResu
     result.seconds = time.perf_counter() - t0
     log.info("done in %.1f s; seconds per stage (summed over lanes): %s", result.seconds, result.timings)
     return result
+
+
+def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, memory: MemoryBudget,
+                  manifest: LiveManifest, on_exit: contextlib.ExitStack) -> None:
+    """--stream: start reading the source shards, each hashed as it streams and recorded once verified;
+    `memory.stream_bytes` hold tensors that arrive before the lanes ask for them. No-op for another source."""
+    if isinstance(source, StreamedSource):
+        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, memory.stream_bytes,
+                     lambda rel, sha: _record_sha(source, manifest, rel, sha))
+        on_exit.push(lambda failed, *_: source.close(failed is not None))
+
+
+def _open(src: str, revision: str | None, offline: bool, stream: bool, weights: bool) -> Source:
+    """SRC: streamed over HTTP for --stream (a real run), otherwise a folder or the Hub cache."""
+    if stream:
+        return open_streamed(src, revision)
+    return open_source(src, revision=revision, offline=offline, weights=weights)
+
+
+def _local_inputs(source: Source) -> list[str]:
+    """The inputs hashed from disk: all of them, but a streamed source's shards (hashed as they stream)."""
+    files = source.input_files()
+    return [f for f in files if f not in source.remote] if isinstance(source, StreamedSource) else files
+
+
+def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
+    """--stream: {shard: sha256} once every stream is verified (raises a mismatch, naming the shard)."""
+    if not isinstance(source, StreamedSource):
+        return {}
+    hashes = source.verified()
+    result.bytes_fetched = source.fetched
+    return hashes
+
+
+def _check_flags(src: str, offline: bool, revision: str | None, group: Group, stream: bool,
+                upload_repo: str | None) -> None:
+    """--stream and --upload-repo, before SRC is opened: usage errors naming the flag."""
+    if stream:
+        check_stream_flags(src, offline, revision)
+        if group.world > 1:
+            raise UsageError(f"--stream: WORLD_SIZE={group.world}; a streamed conversion runs in one process: "
+                             "drop --stream, or run without torchrun")
+    if upload_repo:
+        from .upload import check_repo_id
+
+        check_repo_id(upload_repo, "--upload-repo")
 
 
 def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, out_dir: Path, resume: bool,
@@ -316,16 +375,22 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
     finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
 
-    def add(m: Manifest, rel: str, sha: str) -> None:
-        rec = m.source.files[rel]
-        resuming.check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)  # a recorded hash stays
-        rec.sha256 = sha
-
     def record(rel: str, sha: str) -> None:
         if manifest is not None:
-            manifest.update(lambda m: add(m, rel, sha))
+            _record_sha(source, manifest, rel, sha)
 
     return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
+
+
+def _record_sha(source: Source, manifest: LiveManifest, rel: str, sha: str) -> None:
+    """Add an input's sha256 to the live manifest; one recorded before (by the run a --resume continues) stays."""
+
+    def add(m: Manifest) -> None:
+        rec = m.source.files[rel]
+        resuming.check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)
+        rec.sha256 = sha
+
+    manifest.update(add)
 
 
 def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
@@ -354,7 +419,10 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, o
 
         with lock:
             mine[shard.filename] = FileRecord(rec.size, rec.sha256, part)
-            if group.world == 1:
+            if group.world == 1 and isinstance(source, StreamedSource):  # finished once its inputs are verified
+                source.after_verified(shard_inputs(plan, shard), out_dir / shard.filename,
+                                      lambda: manifest.update(written))
+            elif group.world == 1:
                 manifest.update(written)
             else:  # one status file per rank: ranks never rewrite the same file
                 write_rank_status(out_dir, group.rank, mine)

@@ -45,6 +45,18 @@ def upload_plan(out: str, progress=None) -> tuple[Path, Manifest, list[dict], li
     return out_dir, manifest, files, stray_files(out_dir, set(names))
 
 
+def check_repo_id(repo_id: str, flag: str = "REPO_ID") -> None:
+    """Refuse (UsageError naming `flag`) a repo id the Hub would refuse, before any work is done for it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"{flag} {repo_id!r}: {e}") from None
+    if "/" not in repo_id:
+        raise UsageError(f"{flag} {repo_id!r}: expected NAMESPACE/NAME (your user or organization, then the repo)")
+
+
 def upload(out: str, repo_id: str, *, private: bool = False, revision: str | None = None,
            dry_run: bool = False, token: str | None = None, endpoint: str | None = None,
            commit_message: str | None = None, progress=None) -> dict:
@@ -57,18 +69,11 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
     `dry_run` lists files and bytes and sends nothing. The token is never returned or printed. `progress(done
     bytes, total bytes)` while OUT is re-hashed before anything is sent."""
     from huggingface_hub import HfApi, get_token
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if path_kind(out) != "folder" and path_kind(repo_id) == "folder":
         raise UsageError(f"OUT {out!r} is not a folder but REPO_ID {repo_id!r} is: did you swap them? The command is "
                          f"`fimoe-convert upload OUT REPO_ID` (the reverse of `hf upload REPO_ID PATH`)")
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as e:
-        raise UsageError(f"REPO_ID {repo_id!r}: {e}") from None
-    if "/" not in repo_id:
-        raise UsageError(f"REPO_ID {repo_id!r}: expected NAMESPACE/NAME (your user or organization, then the repo)")
+    check_repo_id(repo_id)
     out_dir, manifest, files, strays = upload_plan(out, progress)
     total = sum(f["bytes"] for f in files)
     if dry_run and not token and os.environ.get("HF_OIDC_RESOURCE"):

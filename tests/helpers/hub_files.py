@@ -1,6 +1,10 @@
 """A fake Hugging Face Hub that serves one repo's files for download, on 127.0.0.1: HEAD and GET (with Range) of
 `/{org}/{name}/resolve/{revision}/{path}`, answering the headers huggingface_hub reads (X-Repo-Commit, ETag,
-Content-Length, Content-Range). It counts the bytes it sends, so a test can tell that no weights were downloaded."""
+Content-Length, Content-Range; for a *.safetensors file, stored in LFS on the real Hub, X-Linked-Etag (its sha256) and
+X-Linked-Size, with a git blob sha1 as ETag). It counts the bytes it sends, so a test can tell that no weights were
+downloaded. Faults for tests: `fault(name, start, part) -> bytes` changes what a GET sends (fewer bytes than its
+Content-Length: the connection is then closed, as a dropped one), `errors[name] = [status, ...]` answers those
+statuses first."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ class HubFiles:
         self.sent = 0  # body bytes sent, over all requests
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.lock = threading.Lock()
+        self.fault = None
+        self.errors: dict[str, list[int]] = {}
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +54,8 @@ class HubFiles:
         path = unquote(urlsplit(h.path).path)
         with self.lock:
             self.requests.append((h.command, path, h.headers.get("Range")))
+        if path.startswith(f"/api/models/{self.repo_id}/tree/") and body:
+            return self._tree(h)
         m = re.fullmatch(rf"/{re.escape(self.repo_id)}/resolve/([^/]+)/(.+)", path)
         file = self.folder / m.group(2) if m else None
         if file is None or not file.is_file() or m.group(1) not in ("main", self.commit):
@@ -58,6 +66,13 @@ class HubFiles:
             return
         data = file.read_bytes()
         etag = hashlib.sha256(data).hexdigest()
+        with self.lock:
+            status = self.errors.get(m.group(2), []).pop(0) if body and self.errors.get(m.group(2)) else None
+        if status:
+            h.send_response(status)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         start, end, status = 0, len(data) - 1, 200
         rng = None if self.ignore_range else h.headers.get("Range")
         if rng:
@@ -66,12 +81,39 @@ class HubFiles:
         part = data[start:end + 1]
         h.send_response(status)
         h.send_header("X-Repo-Commit", self.commit)
+        if file.suffix == ".safetensors":
+            h.send_header("X-Linked-Etag", f'"{etag}"')
+            h.send_header("X-Linked-Size", str(len(data)))
+            etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
         h.send_header("ETag", f'"{etag}"')
         h.send_header("Content-Length", str(len(part) if status == 206 else len(data)))
         if status == 206:
             h.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         h.end_headers()
         if body:
+            sent = self.fault(m.group(2), start, part) if self.fault else part
+            if len(sent) < len(part):
+                h.close_connection = True
+            part = sent
             h.wfile.write(part)
             with self.lock:
                 self.sent += len(part)
+
+    def _tree(self, h: BaseHTTPRequestHandler) -> None:
+        """The repo's file list (`list_repo_tree`, one page, as the Hub answers it; snapshot_download reads it)."""
+        import json
+
+        entries = []
+        for f in sorted(p for p in self.folder.iterdir() if p.is_file()):
+            data = f.read_bytes()
+            entry = {"type": "file", "path": f.name, "size": len(data),
+                     "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+            if f.suffix == ".safetensors":
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        payload = json.dumps(entries).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(payload)))
+        h.end_headers()
+        h.wfile.write(payload)

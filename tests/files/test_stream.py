@@ -1,0 +1,286 @@
+"""--stream: a Hub repo's shards read over HTTP straight into the conversion, against a fake Hub on 127.0.0.1
+(tests/helpers/hub_files.py) that answers as the Hub does (LFS sha256 in X-Linked-Etag, ranges, a tree listing) and
+injects faults: a corrupted byte, a dropped connection, a stalled answer, a 5xx, a server that ignores Range.
+The reference is the same repo downloaded first (a seeded Hugging Face cache, converted offline)."""
+
+import hashlib
+import json
+import re
+import time
+
+import huggingface_hub.constants as hf_constants
+import pytest
+from click.testing import CliRunner
+
+import fimoe_convert.files.http_range as http_range
+from fimoe_convert.cli import main
+from fimoe_convert.convert import convert
+from fimoe_convert.errors import InputError, UsageError
+from fimoe_convert.files.stream import StreamedSource
+from fimoe_convert.testing import seed_hub_cache
+from fimoe_convert.verify import verify
+from helpers.hub_files import HubFiles
+from test_upload import arrived, expected_files, hub  # noqa: F401 - `hub`: the fake Hub that takes uploads
+
+REPO, COMMIT = "org/tiny-v4", "c" * 40
+SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+TARGETS = {"bf16": {}, "fp8_block": {}, "megamoe_sm90_mxfp4": {"arch": "9.0", "ep_size": 2}}
+
+
+@pytest.fixture
+def served(tiny_ckpt, tmp_path, monkeypatch):
+    """The tiny checkpoint as REPO@COMMIT on a fake Hub that huggingface_hub is pointed at; an empty cache."""
+    with HubFiles(REPO, tiny_ckpt, COMMIT) as h:
+        monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
+        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            h.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.setenv("HF_TOKEN", "")
+        monkeypatch.setattr(http_range, "BACKOFF_SECONDS", (0.01,))
+        yield h
+
+
+def downloaded(tiny_ckpt, tmp_path, monkeypatch, target: str, **kw):
+    """OUT of a conversion of REPO downloaded first: a Hugging Face cache holding it, converted offline."""
+    cache, out = tmp_path / "downloaded-cache", tmp_path / f"downloaded-{target}"
+    seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
+    with monkeypatch.context() as m:
+        m.setenv("HF_HUB_CACHE", str(cache))
+        convert(REPO, str(out), target, offline=True, **kw)
+    return out
+
+
+def when_streams_start(monkeypatch, arm):
+    """Call `arm()` as the streams start (after SRC was opened: its header reads see no fault)."""
+    real = StreamedSource.start
+
+    def start(self, *args, **kwargs):
+        arm()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StreamedSource, "start", start)
+
+
+def same_files(a, b) -> list[str]:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    return [n for n in names if (a / n).read_bytes() != (b / n).read_bytes()]
+
+
+def shard_gets(hub, name):
+    return [r for m, p, r in hub.requests if m == "GET" and p.endswith("/" + name)]
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, tiny_ckpt, tmp_path, monkeypatch, target):
+    out = tmp_path / "streamed"
+    res = convert(REPO, str(out), target, stream=True, shard_size="1MB", **TARGETS[target])
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, target, shard_size="1MB", **TARGETS[target])
+    assert same_files(out, ref) == []  # shards, index, config, card, manifest (sha256 of every input) and all
+    assert verify(str(out))["problems"] == []
+    shard_bytes = sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    assert res.bytes_fetched == shard_bytes  # each shard once, nothing read twice
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))  # no source shard on disk
+    assert sorted(p.name for p in (tmp_path / "cache").rglob("snapshots/*/*")) == sorted(
+        p.name for p in tiny_ckpt.iterdir() if p.suffix != ".safetensors")
+
+
+def test_a_tight_memory_budget_reads_again_what_it_could_not_keep(served, tiny_ckpt, tmp_path, monkeypatch):
+    """With room for few tensors, streams skip tensors not yet asked for and the conversion fetches them again
+    by range (checked against the hash of the bytes skipped): the same output."""
+    out = tmp_path / "streamed"
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="1MiB")
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")
+    assert same_files(out, ref) == []
+    assert res.bytes_fetched > sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    assert any(r and not r.startswith("bytes=0-") for s in SHARDS for r in shard_gets(served, s))
+
+
+def test_a_corrupted_byte_stops_the_run_naming_the_shard(served, tiny_ckpt, tmp_path, monkeypatch):
+    bad = SHARDS[2]
+    offset = (tiny_ckpt / bad).stat().st_size - 100  # in the last tensor's bytes
+
+    def corrupt(name, start, part):
+        if name != bad or not start <= offset < start + len(part):
+            return part
+        i = offset - start
+        return part[:i] + bytes([part[i] ^ 1]) + part[i + 1:]
+
+    when_streams_start(monkeypatch, lambda: setattr(served, "fault", corrupt))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=rf"^org/tiny-v4/{bad}@c{{40}}: the sha256 of the bytes received, "
+                                         r"[0-9a-f]{16}\.\.\., differs from the Hub's record, [0-9a-f]{16}\.\.\.; "
+                                         r"nothing converted"):
+        convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
+    m = json.loads((out / "fimoe-manifest.json").read_text())
+    assert m["complete"] is False and m["source"]["files"][bad]["sha256"] is None
+    written = [f for f, st in m["status"].items() if st == "written"]
+    assert sorted(p.name for p in out.glob("model-*.safetensors")) == sorted(written)
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")
+    assert len(written) < 9 and all((out / f).read_bytes() == (ref / f).read_bytes() for f in written)
+
+
+def cut_once(names, after: int):
+    """A fault: the first stream GET of each of `names` sends `after` bytes, then the connection drops."""
+    left = set(names)
+
+    def fault(name, start, part):
+        if name in left and len(part) > after:
+            left.discard(name)
+            return part[:after]
+        return part
+
+    return fault
+
+
+@pytest.mark.parametrize("ignore_range", [False, True])
+def test_a_dropped_connection_resumes_where_it_stopped(served, tiny_ckpt, tmp_path, monkeypatch, ignore_range):
+    when_streams_start(monkeypatch, lambda: (setattr(served, "fault", cut_once(SHARDS, 50_000)),
+                                             setattr(served, "ignore_range", ignore_range)))
+    out = tmp_path / "streamed"
+    convert(REPO, str(out), "fp8_block", stream=True, shard_size="1MB")
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "fp8_block", shard_size="1MB")
+    assert same_files(out, ref) == []
+    for s in SHARDS:  # the header read, the stream, and the stream again from byte 50000
+        assert f"bytes=50000-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)
+
+
+def test_a_server_that_ignores_range_streams_each_shard_whole(served, tiny_ckpt, tmp_path, monkeypatch):
+    when_streams_start(monkeypatch, lambda: setattr(served, "ignore_range", True))
+    out = tmp_path / "streamed"
+    convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="1MiB")  # re-reads by range too
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+
+
+def test_a_5xx_and_a_stall_are_asked_again(served, tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(http_range, "STALL_SECONDS", 0.5)
+    stalled = set()
+
+    def stall(name, start, part):
+        if name == SHARDS[1] and name not in stalled:
+            stalled.add(name)
+            time.sleep(2)
+        return part
+
+    when_streams_start(monkeypatch, lambda: (served.errors.update({SHARDS[0]: [503, 502]}),
+                                             setattr(served, "fault", stall)))
+    out = tmp_path / "streamed"
+    convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    assert len(shard_gets(served, SHARDS[0])) == 4 and len(shard_gets(served, SHARDS[1])) == 3
+
+
+def test_retries_are_bounded_and_resume_fetches_only_what_kept_shards_do_not_cover(served, tiny_ckpt, tmp_path,
+                                                                                    monkeypatch):
+    """A shard whose every answer drops at its first byte fails the run after RETRIES attempts, naming it (as a
+    kill would, the run stops: shards verified so far stay recorded); --resume then keeps those shards and
+    fetches only the source shards the rest needs."""
+    late, first = SHARDS[3], []
+
+    def drop(name, start, part):  # the first answer after the others have streamed: the rest at once
+        if name != late:
+            return part
+        if not first:
+            first.append(time.sleep(2))
+        return part[:0]
+
+    when_streams_start(monkeypatch, lambda: setattr(served, "fault", drop))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=rf"^org/tiny-v4/{late}@c{{40}}: reading bytes 0-\d+ from the Hub failed "
+                                         rf"{http_range.RETRIES} times \(RemoteProtocolError"):
+        convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
+    m = json.loads((out / "fimoe-manifest.json").read_text())
+    verified = {f for f, r in m["source"]["files"].items() if f in SHARDS and r["sha256"]}
+    kept = [f for f, st in m["status"].items() if st == "written"]
+    assert kept and late not in verified
+    monkeypatch.undo()  # a healthy Hub for the resume
+    served.fault = None
+    served.requests.clear()
+    monkeypatch.setattr(hf_constants, "ENDPOINT", served.url)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        served.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
+    assert res.shards_kept == len(kept)
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    assert res.bytes_fetched < sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    streamed = {s for s in SHARDS if any(r and r.startswith("bytes=0-") and not r.endswith("-1048575")
+                                         for r in shard_gets(served, s))}
+    assert late in streamed and streamed < set(SHARDS)
+
+
+def test_stream_flags_are_refused_before_anything_is_read(tiny_ckpt, tmp_path):
+    with pytest.raises(UsageError, match=r"^--stream: SRC '.*' is a local path; --stream reads a Hub repo"):
+        convert(str(tiny_ckpt), str(tmp_path / "out"), stream=True)
+    with pytest.raises(UsageError, match=r"^--stream reads the shards from the Hub, and --offline"):
+        convert(REPO, str(tmp_path / "out"), stream=True, offline=True)
+    with pytest.raises(UsageError, match=r"^--upload-repo 'no-namespace': expected NAMESPACE/NAME"):
+        convert(str(tiny_ckpt), str(tmp_path / "out"), upload_repo="no-namespace")
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--stream"])
+    assert r.exit_code == 2 and "error: --stream: SRC" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  # noqa: F811
+    # 4MB: the tiny fixture's 9.5 MB of BF16 output in 3 shards
+    out = tmp_path / "out"
+    res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo="fimoe-test/tiny-bf16")
+    assert res.upload["url"] == f"{hub.url}/fimoe-test/tiny-bf16" and res.upload["files"] == 10
+    assert arrived(hub, "fimoe-test/tiny-bf16") == expected_files(out)
+    assert hashlib.sha256((out / "fimoe-manifest.json").read_bytes()).hexdigest() == hashlib.sha256(
+        arrived(hub, "fimoe-test/tiny-bf16")["fimoe-manifest.json"]).hexdigest()
+
+
+def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, tmp_path, monkeypatch):
+    """SIGKILL while the last source shard streams (its answer stalls): the shards recorded as finished are kept
+    by --resume, which streams only the source shards the others need."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    late = SHARDS[3]
+    size = (tiny_ckpt / late).stat().st_size
+    served.fault = lambda name, start, part: (time.sleep(60), part)[1] if name == late and len(part) == size else part
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_ENDPOINT": served.url, "FIMOE_DEBUG": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", REPO, str(out), "--stream", "--shard-size", "1MB",
+                             "-q"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    manifest = out / "fimoe-manifest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # until the other source shards are verified and the lane waits for `late`
+        m = json.loads(manifest.read_text()) if manifest.exists() else {"source": {"files": {}}}
+        if all((m["source"]["files"].get(s) or {}).get("sha256") for s in SHARDS[:3]):
+            break
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = [f for f, st in json.loads(manifest.read_text())["status"].items() if st == "written"]
+    assert kept, proc.stderr.read()
+    served.fault = None
+    served.requests.clear()
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
+    assert res.shards_kept == len(kept)
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    assert verify(str(out))["problems"] == []
+    streamed = {s for s in SHARDS if f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)}
+    assert late in streamed and streamed < set(SHARDS), streamed
+
+
+def test_cli_flags_reach_the_library(served, tiny_ckpt, tmp_path):
+    r = CliRunner().invoke(main, [REPO, str(tmp_path / "out"), "--stream", "--target", "fp8_block", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{"):])
+    assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS) and got["upload"] is None
+
+
+def test_cli_upload_repo_prints_where_it_went(hub, tiny_ckpt, tmp_path):  # noqa: F811
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--upload-repo", "fimoe-test/tiny-bf16"])
+    assert r.exit_code == 0, r.output
+    assert re.search(rf"^uploaded 8 files, .* -> {re.escape(hub.url)}/fimoe-test/tiny-bf16$", r.output, re.M), r.output
