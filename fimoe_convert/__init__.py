@@ -1,21 +1,23 @@
 """fimoe-convert: offline conversion of DeepSeek V4 routed experts for FlashInfer and BF16/FP8 engines.
 
+The library: `from fimoe_convert import convert, verify, inspect, upload` (the CLI's commands, same keywords).
+
 Where each job lives:
 
     cli.py             the commands: parse flags, call the library, print (one error handler)
-    convert.py         convert(): the list of steps of a conversion
+    conversion.py      convert(): the list of steps of a conversion
       options.py         its flags, parsed and checked before SRC is opened
       budget.py          the one memory budget from --max-memory: unit size, unit check, writer lanes
       resume.py          what an earlier run into OUT left (--resume)
       distributed.py     the ranks of a torchrun launch
       pipeline/          moving bytes: channels, the schedule of a shard (pure), reader/converter threads,
                          writer lanes
-    verify.py          verify OUT against its manifest (--deep: re-derive from SRC)
+    verification.py    verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
     eta.py             the --dry-run estimate, from one unit of the target's own work, measured
     console.py         what the CLI shows while it works: progress, log lines, readable reports
     hub.py             the model card
-    upload.py          upload of a finished, verified OUT to the Hub
+    publish.py         upload() of a finished, verified OUT to the Hub
     demo.py            the embedded default job
     kernels.py         THE kernel table: every target and its kernel's facts, as data
     targets/           the converters, one per family of the table (bf16, fp8_block, megamoe, moe_ep);
@@ -39,19 +41,32 @@ Where each job lives:
 Imports go one way (tests/cli/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
 files):
 
-    cli -> convert, verify, inspection, upload, demo -> pipeline, resume -> targets -> plan -> checkpoint
+    cli -> conversion, verification, inspection, publish, demo -> pipeline, resume -> targets -> plan -> checkpoint
                                    |                        |          \\-> numerics
                                    +----------> files <------+
     runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
     targets, runtime -> kernels (data)
-    budget (memory constants) <- files, pipeline, options, targets, convert
-    convert -> upload (--upload-repo publishes OUT at the end)
+    budget (memory constants) <- files, pipeline, options, targets, conversion
+    conversion -> publish (--upload-repo publishes OUT at the end)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
 """
 
 __version__ = "0.1.0"
+
+# The library's front: `from fimoe_convert import convert, verify, inspect, upload`. Imported on first use, so that
+# `--help` and `targets` do not pay for torch.
+_FRONT = {"convert": "conversion", "verify": "verification", "inspect": "inspection", "upload": "publish"}
+__all__ = ["convert", "inspect", "upload", "verify"]
+
+
+def __getattr__(name: str):
+    if name not in _FRONT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"{__name__}.{_FRONT[name]}"), name)
 
 _BASE = frozenset({"errors", "sizes", "dtypes", "versions"})
 
@@ -72,17 +87,17 @@ LAYERS: dict[str, frozenset[str]] = {
     "options": _BASE | {"budget", "kernels", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files", "targets"},
-    "upload": _BASE | {"files"},
-    "verify": _BASE | {"files", "options", "plan", "targets"},
+    "publish": _BASE | {"files"},
+    "verification": _BASE | {"files", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
     "eta": _BASE,
     "console": _BASE,
-    "convert": _BASE | {"budget", "checkpoint", "distributed", "eta", "files", "hub", "kernels", "options",
-                        "pipeline", "plan", "resume", "targets", "upload"},
+    "conversion": _BASE | {"budget", "checkpoint", "distributed", "eta", "files", "hub", "kernels", "options",
+                        "pipeline", "plan", "resume", "targets", "publish"},
     "runtime": _BASE | {"files", "kernels", "numerics", "targets"},
     "testing": _BASE | {"checkpoint", "files"},
-    "demo": _BASE | {"console", "convert", "testing", "verify"},
-    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
-                    "upload", "verify"},
+    "demo": _BASE | {"console", "conversion", "testing", "verification"},
+    "cli": _BASE | {"console", "conversion", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
+                    "publish", "verification"},
     "__main__": frozenset({"cli"}),
 }

@@ -212,7 +212,7 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     """Convert the DeepSeek V4 checkpoint SRC into the folder OUT."""
-    from .convert import convert
+    from .conversion import convert
 
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
@@ -346,7 +346,7 @@ def targets_cmd(as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 def verify_cmd(out, deep, src, as_json):
     """Check every file of OUT against its manifest (exit 1 naming the first bad file)."""
-    from .verify import verify
+    from .verification import verify
 
     progress = Progress("verifying", enabled=not as_json)
     try:
@@ -375,7 +375,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
 
     The token comes from HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
     Hub. An interrupted upload resumes when the same command runs again."""
-    from .upload import upload
+    from .publish import upload
 
     ctx = click.get_current_context()
     ctx.meta[ON_INTERRUPT] = "run the same command again to resume (what reached the Hub is not sent again)"

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .console import plural
-from .convert import convert
+from .conversion import convert
 from .sizes import human
 from .testing import folder_bytes, fresh_folder, make_checkpoint
-from .verify import verify
+from .verification import verify
 
 DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
 

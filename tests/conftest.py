@@ -29,7 +29,7 @@ def tiny_copy(tiny_ckpt, tmp_path) -> Path:
 def bf16_out_of(tiny_ckpt, tmp_path_factory):
     """`bf16_out_of(shard_size)`: a finished bf16 OUT of the tiny checkpoint, made once per shard size (read-only
     for tests: copy it before damaging it)."""
-    from fimoe_convert.convert import convert
+    from fimoe_convert import convert
 
     made: dict[str, Path] = {}
 

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs of both paths first")
     ap.add_argument("--work", default="/tmp/fimoe-loadbench")
     args = ap.parse_args()
-    from fimoe_convert.convert import convert
+    from fimoe_convert import convert
     from fimoe_convert.runtime import load_transformed_weights
     from fimoe_convert.files.source import open_source
     from fimoe_convert.targets import TargetOptions, get_kernel, make_target

@@ -32,7 +32,7 @@ def convert_once(kind: str, work: Path, geo: dict, world: int, seed: int) -> Pat
     """Rank 0 makes the fixture and converts with --ep-size `world`; the others wait at the barrier."""
     out = work / f"out_ep{world}"
     if dist.get_rank() == 0:
-        from fimoe_convert.convert import convert
+        from fimoe_convert import convert
         from fimoe_convert.testing import make_checkpoint
 
         ckpt = make_checkpoint(work / "ckpt", "tiny", seed=seed, hidden=geo["hidden"], inter=geo["inter"],

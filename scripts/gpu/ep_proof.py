@@ -169,7 +169,7 @@ def prove_block(runner, kind: str, outs: dict, block: str, x: dict, ref, ep1) ->
 
 
 def convert_all(kind: str, target: str, params: dict, ckpt: Path, work: Path, sizes: list[int]) -> dict:
-    from fimoe_convert.convert import convert
+    from fimoe_convert import convert
 
     outs = {}
     for ep in sizes:

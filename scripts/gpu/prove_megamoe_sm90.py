@@ -103,7 +103,7 @@ def main() -> int:
         log("FAIL: needs a Hopper (SM90) GPU visible to torch")
         return 2
 
-    from fimoe_convert.convert import convert
+    from fimoe_convert import convert
     from fimoe_convert.runtime import load_manifest, load_megamoe_weights
     from fimoe_convert.testing import make_checkpoint
 

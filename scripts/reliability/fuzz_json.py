@@ -50,7 +50,7 @@ class Fixture:
     """A tiny checkpoint (SRC), a bf16 conversion of it (OUT), and scratch copies the inputs are written into."""
 
     def __init__(self, tmp: Path):
-        from fimoe_convert.convert import convert
+        from fimoe_convert import convert
         from fimoe_convert.files.source import open_source
         from fimoe_convert.testing import make_checkpoint
 

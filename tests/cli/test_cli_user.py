@@ -94,7 +94,7 @@ def test_progress_without_a_terminal_is_plain_lines_and_the_error_comes_last(tin
                for ln in lines), lines
     assert lines[-1].startswith("converting: ") and "(100%)" in lines[-1]
 
-    import fimoe_convert.convert as conv
+    import fimoe_convert.conversion as conv
 
     real = conv.convert
 
@@ -163,7 +163,7 @@ def test_upload_with_swapped_arguments_says_so(bf16_out):
 
 
 def test_an_unexpected_failure_is_one_line(tiny_ckpt, tmp_path, monkeypatch):
-    import fimoe_convert.convert as conv
+    import fimoe_convert.conversion as conv
 
     def broken(*a, **kw):
         raise RuntimeError("disk controller\nexploded")

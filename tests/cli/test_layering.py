@@ -110,3 +110,20 @@ def test_help_and_bf16_path_do_not_import_flashinfer():
             "inspection.list_targets(); assert 'flashinfer' not in sys.modules, 'flashinfer'; "
             "assert 'triton' not in sys.modules, 'triton'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_library_front_is_the_commands_functions_and_loads_nothing_heavy():
+    """`from fimoe_convert import convert, verify, inspect, upload` gives the functions the CLI calls; importing the
+    package alone does not import torch (the CLI's start-up)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fimoe_convert; assert 'torch' not in sys.modules; "
+            "from fimoe_convert import convert, verify, inspect, upload; "
+            "from fimoe_convert import conversion, verification, inspection, publish; "
+            "assert (convert, verify, inspect, upload) == (conversion.convert, verification.verify, "
+            "inspection.inspect, publish.upload); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent)
+    assert r.stdout.strip() == "ok", r.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        fimoe_convert.nope  # noqa: B018

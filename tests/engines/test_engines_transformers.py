@@ -14,7 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers", minversion="5.20")
 pytest.importorskip("accelerate")
 
-from fimoe_convert.convert import convert  # noqa: E402
+from fimoe_convert import convert  # noqa: E402
 from fimoe_convert.demo import run_demo  # noqa: E402
 from fimoe_convert.testing import make_checkpoint  # noqa: E402
 from fimoe_convert.testing import transformers_model as tm  # noqa: E402

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from fimoe_convert.convert import convert
-from fimoe_convert.verify import verify
+from fimoe_convert import convert
+from fimoe_convert import verify
 from fimoe_convert.errors import InputError, ValidationError
 from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fimoe_convert.convert import convert
+from fimoe_convert import convert
 from fimoe_convert.errors import InputError
 from fimoe_convert.files.manifest import (MANIFEST_NAME, FileRecord, Manifest, SourceFile, dumps, read_manifest,
                                           read_rank_status, write_rank_status)

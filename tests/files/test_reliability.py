@@ -385,7 +385,7 @@ def test_incomplete_hub_snapshot(tiny_ckpt, tmp_path):
 @pytest.mark.parametrize("writers", ["1", "3"])
 def test_ctrl_c_in_process_is_clean_and_resumable(tiny_ckpt, tmp_path, monkeypatch, writers):
     """KeyboardInterrupt raised from the progress callback, through the CLI: exit 130, one line, resumable."""
-    import fimoe_convert.convert as conv_mod
+    import fimoe_convert.conversion as conv_mod
 
     real = conv_mod.convert
 
@@ -564,7 +564,7 @@ def test_verify_detects_single_byte_flips(tmp_path):
 def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, threads):
     """The manifest's source hashes run on several threads; a file that cannot be read then is reported by
     name, not as a bare OSError."""
-    from fimoe_convert.convert import hash_inputs
+    from fimoe_convert.conversion import hash_inputs
     from fimoe_convert.files.source import open_source
 
     src = tmp_path / "src"
@@ -589,7 +589,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
 ])
 def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_path, monkeypatch, target, cores,
                                                                  writers, threads):
-    import fimoe_convert.convert as conv
+    import fimoe_convert.conversion as conv
 
     seen = []
     real = conv.hash_inputs
@@ -612,7 +612,7 @@ class _Interrupt(KeyboardInterrupt):
 def test_a_resumed_conversion_reports_what_an_uninterrupted_one_does(tmp_path, preset, target, opts, stop_at):
     """Reports are stored with the shard holding each unit's first output, so the units of kept shards are
     counted after --resume: same report, same manifest, same folder."""
-    from fimoe_convert.convert import convert
+    from fimoe_convert import convert
 
     src = make_checkpoint(tmp_path / "src", preset)
     ref, out = tmp_path / "ref", tmp_path / "out"

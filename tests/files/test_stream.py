@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 import fimoe_convert.files.http_range as http_range
 from fimoe_convert.cli import main
-from fimoe_convert.convert import convert
+from fimoe_convert import convert
 from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.files.stream import StreamedSource
 from fimoe_convert.testing import seed_hub_cache
-from fimoe_convert.verify import verify
+from fimoe_convert import verify
 from helpers.hub_files import HubFiles
 from test_upload import arrived, expected_files, hub  # noqa: F401 - `hub`: the fake Hub that takes uploads
 

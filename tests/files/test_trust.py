@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 import fimoe_convert.cli as cli_mod
-import fimoe_convert.convert as conv_mod
+import fimoe_convert.conversion as conv_mod
 from fimoe_convert.checkpoint import check_counts, model_spec_from_config
-from fimoe_convert.convert import convert
+from fimoe_convert import convert
 from fimoe_convert.errors import InputError, ValidationError
 from fimoe_convert.files import atomic, hashing, jsonfile, st_header, st_writer
 from fimoe_convert.files.jsonfile import Hex64, ListOf, MapOf, NonNeg, Nullable, Obj, OneOf, check, parse_json
@@ -563,7 +563,7 @@ def test_the_lock_is_held_for_the_whole_run_and_taken_again_after_a_kill(tiny_ck
 
 
 def test_a_run_that_fails_before_writing_leaves_no_folder(tiny_ckpt, tmp_path, monkeypatch):
-    import fimoe_convert.convert as conv
+    import fimoe_convert.conversion as conv
 
     monkeypatch.setattr(conv, "free_disk", lambda out: (out, 1000))
     out = tmp_path / "new" / "out"
@@ -572,7 +572,7 @@ def test_a_run_that_fails_before_writing_leaves_no_folder(tiny_ckpt, tmp_path, m
 
 
 def test_copied_files_count_in_the_free_space_check(tiny_copy, tmp_path, monkeypatch):
-    import fimoe_convert.convert as conv
+    import fimoe_convert.conversion as conv
 
     with open(tiny_copy / "tokenizer.model", "wb") as f:
         f.truncate(10**10)  # sparse: 10 GB that take no disk

@@ -15,7 +15,7 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from reference import seed_dequant  # noqa: E402
 
-from fimoe_convert.convert import convert  # noqa: E402
+from fimoe_convert import convert  # noqa: E402
 from fimoe_convert.numerics.structure import same_object  # noqa: E402
 from fimoe_convert.runtime import load_transformed_weights  # noqa: E402
 

@@ -44,7 +44,7 @@ BF16 = "bf16"
 
 CONVERT = """
 import sys
-from fimoe_convert.convert import convert
+from fimoe_convert import convert
 from fimoe_convert.testing import make_checkpoint
 root = sys.argv[1]
 src = make_checkpoint(root + "/src", "tiny", extreme_scales=False)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from reference import SEED_LUT, load_all, same_bits
 
-from fimoe_convert.convert import convert
-from fimoe_convert.verify import verify
+from fimoe_convert import convert
+from fimoe_convert import verify
 from fimoe_convert.errors import CorruptTensorError, InputError, ValidationError
 from fimoe_convert.files.manifest import read_manifest
 from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block

@@ -3,7 +3,7 @@ lent H200; skipped without CUDA)."""
 
 import pytest
 
-from fimoe_convert.convert import convert
+from fimoe_convert import convert
 from fimoe_convert.testing import make_checkpoint
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,8 @@ import torch
 from safetensors import safe_open
 from reference import seed_dequant
 
-from fimoe_convert.convert import convert
-from fimoe_convert.verify import verify
+from fimoe_convert import convert
+from fimoe_convert import verify
 from fimoe_convert.errors import ValidationError
 from fimoe_convert.runtime import load_megamoe_weights
 from fimoe_convert.testing import make_checkpoint

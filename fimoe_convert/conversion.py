@@ -167,7 +167,7 @@ def convert(
         group.barrier()
     group.close()
     if upload_repo:
-        from .upload import upload
+        from .publish import upload
 
         result.upload = upload(str(out_dir), upload_repo)
     return _done(result, opts, t0)
@@ -236,7 +236,7 @@ def _check_flags(src: str, offline: bool, revision: str | None, group: Group, st
             raise UsageError(f"--stream: WORLD_SIZE={group.world}; a streamed conversion runs in one process: "
                              "drop --stream, or run without torchrun")
     if upload_repo:
-        from .upload import check_repo_id
+        from .publish import check_repo_id
 
         check_repo_id(upload_repo, "--upload-repo")
 
