@@ -60,7 +60,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "options": _BASE | {"kernels", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files"},
-    "verify": _BASE | {"files", "options", "plan", "targets"},
+    "verify": _BASE | {"files", "kernels", "numerics", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
     "eta": _BASE,
     "console": _BASE,

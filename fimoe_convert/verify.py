@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
-from .files.output import MANIFEST_NAME, read_manifest, read_output_tensors, verify_files
+from .files.output import MANIFEST_NAME, output_tensor_bytes, read_manifest, read_output_tensors, verify_files
 from .files.source import Source, open_source
+from .kernels import BY_NAME
+from .numerics.structure_check import structure_problem
 from .options import parse_arch
 from .plan import piece_rows
 from .targets import TargetOptions, make_target
@@ -23,6 +25,8 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     manifest = read_manifest(out_dir)
     res = verify_files(out_dir, manifest, progress)
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
+    if not res.problems:
+        res.problems.extend(structure_problems(out_dir, manifest))
     if res.problems or not deep:
         return report
     source = _source(manifest, src, out_dir)
@@ -46,6 +50,32 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
         if report["problems"]:
             break
     return report
+
+
+def structure_problems(out_dir: Path, manifest: dict) -> list[str]:
+    """Each block's stored structure checked as the runtime loader checks it (the kernel table's classes, each
+    tensor's bytes in the shard headers), without FlashInfer; one problem per bad block and rank."""
+    where = out_dir / MANIFEST_NAME
+    layers = manifest.get("layers") or {}
+    kernel = BY_NAME.get(manifest["target"]["name"])
+    if kernel is None or kernel.kernel_name != manifest["target"]["kernel_name"]:
+        return [f"{where}: target {manifest['target']['name'][:80]!r} is not a target of this fimoe-convert; "
+                f"{OUT_DAMAGED_HINT}"] if layers else []
+    try:
+        nbytes = output_tensor_bytes(out_dir) if layers else {}
+    except InputError as e:
+        return [str(e)]
+    problems = []
+    for layer, ranks in sorted(layers.items()):
+        for rank, rec in sorted(ranks.items() if isinstance(ranks, dict) else []):
+            bad = structure_problem(rec.get("structure") if isinstance(rec, dict) else rec,
+                                    kernel.structure_classes, nbytes)
+            if bad:
+                problems.append(f"{where}: block {layer[:80]!r} rank {rank[:20]}: {bad}; {OUT_DAMAGED_HINT}")
+    return problems
+
+
+OUT_DAMAGED_HINT = "the manifest is damaged or not fimoe-convert's: do not load it; convert again with --overwrite"
 
 
 def _source(manifest: dict, src: str | None, out_dir: Path) -> Source:
