@@ -313,7 +313,7 @@ def ancestor_ids(path: Path) -> list[tuple[int, int]]:
     """(st_dev, st_ino) of the nearest existing folder of `path` and of every folder above it: what `path` lies
     in, whatever links or bind mounts lead there."""
     ids = []
-    p = Path(os.path.abspath(path))
+    p = Path(os.path.realpath(path))  # links resolved before each `..`, as the kernel does (abspath would not)
     while True:
         found = same_file_id(p)
         if found:
