@@ -27,9 +27,10 @@ RANK_STATUS = "fimoe-status.rank{rank}.json"
 COPY_BLOCK = 16 * 2**20  # bytes per read when copying SRC's small files (a tokenizer can be tens of MB)
 
 # What the code relies on in a manifest; a file that does not fit is refused naming the field. `source.files`
-# entries carry the input's identity (mtime_ns, inode, dev) while the run is in progress (complete: false).
+# entries carry the input's identity (mtime_ns, ctime_ns, inode, dev) while the run is in progress (complete: false).
 FILE_RECORD = Obj({"size": NonNeg, "sha256": Hex64}, {"report": Obj()})
-SOURCE_FILE = Obj({"size": NonNeg, "sha256": Nullable(Hex64)}, {"mtime_ns": int, "inode": NonNeg, "dev": NonNeg})
+SOURCE_FILE = Obj({"size": NonNeg, "sha256": Nullable(Hex64)},
+                  {"mtime_ns": int, "ctime_ns": int, "inode": NonNeg, "dev": NonNeg})
 MANIFEST_SCHEMA = Obj({
     "schema": str, "tool": Obj(), "model": Obj(),
     "options": Obj({"target": str, "shard_size": NonNeg, "ep_size": NonNeg, "arch": Nullable(str),

@@ -29,7 +29,9 @@ CONFIG_SCHEMA = Obj(optional={"quantization_config": Nullable(Obj()), "architect
                               "text_config": Nullable(Obj(optional={"quantization_config": Nullable(Obj())})),
                               "model_type": Any})
 INDEX_SCHEMA = Obj({"weight_map": MapOf(str)}, {"metadata": Nullable(Obj())})
-SAME_FILE = ("size", "mtime_ns", "inode")  # equal in two identity records: the same file, unchanged, not read again
+# Equal in two identity records: the same file, unchanged, not read again. ctime: every write sets it and nothing
+# sets it back (`cp -p` or `touch -r` restore size and mtime only).
+SAME_FILE = ("size", "mtime_ns", "ctime_ns", "inode")
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,10 @@ class Source:
         return {n: (self.info(n).dtype, self.info(n).shape) for n in self.weight_map if parse_expert_name(n) is None}
 
     def identity(self, rel: str) -> dict:
-        """{size, mtime_ns, inode, dev} of an input file now (links followed: a Hub blob's own)."""
+        """{size, mtime_ns, ctime_ns, inode, dev} of an input file now (links followed: a Hub blob's own)."""
         st = (self.root / rel).stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "dev": st.st_dev}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+                "dev": st.st_dev}
 
     def hash_input(self, rel: str) -> str:
         """The sha256 of an input file, refused (InputError naming the file) when the file is not the one opened:
@@ -191,6 +194,11 @@ def identity_change(old: dict, new: dict) -> str:
         parts.append(f"size {old.get('size')} -> {new.get('size')} bytes")
     if old.get("mtime_ns") != new.get("mtime_ns"):
         parts.append(f"modified {when(new.get('mtime_ns'))}, recorded {when(old.get('mtime_ns'))}")
+    elif old.get("ctime_ns") is None and new.get("ctime_ns") is not None:
+        parts.append("its change time (ctime) was not recorded, so an in-place write cannot be ruled out")
+    elif old.get("ctime_ns") != new.get("ctime_ns"):
+        parts.append(f"written or its attributes changed {when(new.get('ctime_ns'))} (its modification time was "
+                     f"set back), recorded {when(old.get('ctime_ns'))}")
     if old.get("inode") != new.get("inode") or old.get("dev") != new.get("dev"):
         parts.append("replaced by another file (inode "
                      f"{old.get('inode')} -> {new.get('inode')})")
