@@ -9,6 +9,7 @@ import torch
 
 from .errors import InputError, UsageError
 from .files.output import MANIFEST_NAME, output_tensor_bytes, read_manifest, read_output_tensors, verify_files
+from .files.safetensors import SINGLE_NAME
 from .files.source import Source, open_source
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
@@ -28,6 +29,9 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if not res.problems:
         res.problems.extend(structure_problems(out_dir, manifest))
+    if (out_dir / SINGLE_NAME).exists() and SINGLE_NAME not in (manifest.get("files") or {}):
+        res.problems.append(f"{out_dir / SINGLE_NAME}: not part of this output, and an engine that finds it beside "
+                            f"the index may load it in place of the shards; move it out of {out_dir}")
     if res.problems or not deep:
         return report
     source = _source(manifest, src, out_dir)
@@ -60,17 +64,20 @@ def structure_problems(out_dir: Path, manifest: dict) -> list[str]:
     layers = manifest.get("layers") or {}
     kernel = BY_NAME.get(manifest["target"]["name"])
     if kernel is None or kernel.kernel_name != manifest["target"]["kernel_name"]:
-        return [f"{where}: target {manifest['target']['name'][:80]!r} is not a target of this fimoe-convert; "
-                f"{OUT_DAMAGED_HINT}"] if layers else []
+        return [f"{where}: target {manifest['target']['name'][:80]!r} with kernel "
+                f"{str(manifest['target']['kernel_name'])[:80]!r} is not a target of this fimoe-convert; {OUT_DAMAGED_HINT}"]
+    if kernel.kernel_name is None:
+        return []  # dense engines' outputs: tensors by name, no structure to rebuild
     try:
-        nbytes = output_tensor_bytes(out_dir) if layers else {}
+        nbytes = output_tensor_bytes(out_dir)
     except InputError as e:
         return [str(e)]
     problems = []
     for layer, ranks in sorted(layers.items()):
-        for rank, rec in sorted(ranks.items() if isinstance(ranks, dict) else []):
-            bad = structure_problem(rec.get("structure") if isinstance(rec, dict) else rec,
-                                    kernel.structure_classes, nbytes)
+        for rank, rec in sorted(ranks.items()):
+            structure = rec.get("structure") if isinstance(rec, dict) else None
+            bad = structure_problem(structure, kernel.structure_classes, nbytes) if structure is not None else \
+                "no structure object"
             if bad:
                 problems.append(f"{where}: block {layer[:80]!r} rank {rank[:20]}: {bad}; {OUT_DAMAGED_HINT}")
     return problems

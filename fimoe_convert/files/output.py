@@ -90,6 +90,9 @@ def read_manifest(out_dir: Path, require_complete: bool = False, purpose: str = 
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"OUT {out_dir}: is a file; expected a folder written by fimoe-convert")
     fix = f"the manifest is damaged: {REMEDY[purpose]}"
+    outside = path.is_symlink() and name_problem(MANIFEST_NAME, out_dir, str(path), "manifest", "OUT")
+    if outside:  # a link out of OUT: what it points to is not this output's
+        raise InputError(f"{outside}; {fix}")
     data = read_json(path, "manifest", fix=fix, missing=f"{out_dir} is not a fimoe-convert output folder "
                                                          "(run fimoe-convert SRC OUT first)")
     seen = data.get("schema") if isinstance(data, dict) else None

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 from ..errors import UsageError
+from .safe_open import open_regular
 
 # key -> type of its value; every key is a keyword argument of convert() but `model`
 KEYS: dict[str, type] = {"model": str, "target": str, "ep_size": int, "device": str, "arch": str, "max_memory": str,
@@ -18,10 +19,12 @@ def load_preset(path: str | Path) -> dict:
     """The preset's settings, by convert() keyword; every problem names the file and the key."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise UsageError(f"--config {path}: {path.stat().st_size} bytes, more than a preset's {MAX_BYTES}; "
+        with open_regular(path) as f:  # a FIFO or /dev/zero: refused, and never more than MAX_BYTES + 1 read
+            raw = f.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise UsageError(f"--config {path}: more than {MAX_BYTES} bytes, more than a preset has; "
                              "pass a preset file (configs/convert/*.toml)")
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(raw.decode())
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file; the presets are in configs/convert/") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -1,0 +1,393 @@
+"""Trust boundary, second pass: an output downloaded from the Hub is loaded by other people's servers, so its manifest
+is attacker-controlled on the serving side too. One section per class: what the runtime rebuilds from a structure,
+the OUT lock, OUT spelled through links, the input identity --resume trusts, Hub requests and signals, verify --deep
+and a changed source. Every refusal is one line naming the file, and leaves the victim untouched."""
+
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import fimoe_convert.cli as cli_mod
+from fimoe_convert.convert import convert
+from fimoe_convert.errors import InputError, ValidationError
+from fimoe_convert.files.lock import LOCK_NAME, OutLock
+from fimoe_convert.files.output import MANIFEST_NAME
+from fimoe_convert.kernels import KERNELS, BY_NAME
+from fimoe_convert.numerics.structure_check import structure_problem
+from fimoe_convert.verify import verify
+from test_reliability import child_env, refused
+from test_trust import interrupted_run
+
+CAKE = "sm120_mxfp4_mxfp8_bf16_cake"
+CAKE_CLASS = next(iter(BY_NAME[CAKE].structure_classes))
+
+
+def cli(*args):
+    return CliRunner().invoke(cli_mod.main, [str(a) for a in args])
+
+
+def edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+# ------------------------------------------------------------- 1. the runtime rebuilds only the kernel's own types
+
+
+@pytest.fixture(scope="module")
+def cake_out(tmp_path_factory):
+    """A finished sm120 cake output (its structure is a FlashInfer dataclass with tensor and int/bool fields)."""
+    pytest.importorskip("flashinfer")
+    from fimoe_convert.testing import make_checkpoint
+
+    base = tmp_path_factory.mktemp("cake")
+    src = make_checkpoint(base / "src", "tiny", layers=1, hash_layers=0, mtp=0, extreme_scales=False)
+    convert(str(src), str(base / "out"), CAKE)
+    return base / "out"
+
+
+def _set(path: list, value):
+    """A change of the structure: the node at `path` (keys into the real structure) becomes `value`."""
+    def change(s):
+        node = s
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value(copy.deepcopy(node[path[-1]])) if callable(value) else value
+        return s
+    return change
+
+
+SENTINEL = "/tmp/fimoe-trust-round2-pwned"
+STRUCTURES = {
+    # name: (change of the real structure, text of the one-line refusal)
+    "os-system": (lambda s: {"dataclass": "flashinfer.jit:os.system", "fields": {"command": {"value": f"touch {SENTINEL}"}}},
+                  r"names the class 'flashinfer\.jit:os\.system', which is not one this target's kernel returns"),
+    "import-module": (lambda s: {"dataclass": "flashinfer:importlib.import_module", "fields": {"name": {"value": "os"}}},
+                      r"names the class 'flashinfer:importlib\.import_module', which is not one"),
+    "class-inside-a-tuple": (lambda s: {"tuple": [s, {"dataclass": "builtins:eval", "fields": {}}]},
+                             r"structure\[1\]: names the class 'builtins:eval'"),
+    "allowed-class-extra-field": (_set(["fields", "evil"], {"value": 1}), r"has the fields \[.*\], the structure gives"),
+    "allowed-class-missing-field": (lambda s: {**s, "fields": {k: v for k, v in s["fields"].items() if k != "w1_fp4"}},
+                                    r"TransformedCakeMegaWeights has the fields"),
+    "value-for-a-tensor-field": (_set(["fields", "w1_fp4"], {"value": 3}),
+                                 r"structure\.w1_fp4: a plain value where the kernel's object holds a tensor"),
+    "bool-for-an-int-field": (_set(["fields", "hidden_size"], {"value": True}),
+                              r"structure\.hidden_size: expected a plain int value"),
+    "tensor-for-an-int-field": (_set(["fields", "local_experts"], lambda n: {"tensor": "x", "dtype": "uint8", "shape": [1]}),
+                                r"structure\.local_experts: expected a plain int value"),
+    "none-for-a-tensor-field": (_set(["fields", "w2_sfb"], {"none": True}), r"structure\.w2_sfb: an empty slot here"),
+    "unknown-dtype": (_set(["fields", "w1_fp4", "dtype"], "__class__"), r"structure\.w1_fp4: tensor node .* with "
+                                                                         r"dtype '__class__'"),
+    "bytes-of-another-shape": (_set(["fields", "w1_fp4", "shape"], lambda sh: [sh[0] * 2, *sh[1:]]),
+                               r"holds \d+ bytes.*needs \d+"),
+    "negative-stride": (_set(["fields", "w2_fp4"], lambda n: {**n, "stride": [-1] * len(n["shape"])}),
+                        r"structure\.w2_fp4: tensor .* has stride"),
+    "extra-key": (_set(["fields", "w2_b8"], lambda n: {**n, "code": "print(1)"}), r"structure\.w2_b8: not a node "
+                                                                                   r"fimoe-convert writes"),
+    "plain-values-only": (lambda s: {"tuple": [{"value": 1}, {"value": "x"}]},
+                          r"structure\[0\]: a plain value where the kernel's object holds a tensor"),
+    "deep-nesting": (lambda s: json.loads('{"tuple": [' * 20 + "]}" * 20), r"more than 10000 nodes or 16 levels"),
+    "not-an-object": (lambda s: ["tuple"], r"not a node fimoe-convert writes \(list\)|no structure object"),
+}
+
+
+@pytest.mark.parametrize("case", STRUCTURES)
+def test_the_loader_and_verify_rebuild_only_the_kernels_declared_types(cake_out, tmp_path, case):
+    from fimoe_convert.runtime import load_transformed_weights, mega_config
+
+    change, match = STRUCTURES[case]
+    out = tmp_path / "out"
+    shutil.copytree(cake_out, out)
+    edit_json(out / MANIFEST_NAME, lambda m: m["layers"]["layers.0"]["0"].update(
+        structure=change(m["layers"]["layers.0"]["0"]["structure"])))
+    with pytest.raises(InputError, match=match) as e:
+        load_transformed_weights(out, "layers.0", 0)
+    assert "\n" not in str(e.value) and "'layers.0'" in str(e.value) and str(e.value).startswith(str(out))
+    with pytest.raises(Exception, match=match):
+        mega_config(out, "layers.0", 0, device="cpu")
+    problems = verify(str(out))["problems"]
+    assert len(problems) == 1 and "block 'layers.0' rank 0" in problems[0], problems
+    assert re.search(match, problems[0]), problems
+    assert refused(cli("verify", out), match).startswith("error: ")
+    assert not Path(SENTINEL).exists()
+
+
+def test_an_untouched_structure_loads_and_verifies(cake_out):
+    from fimoe_convert.runtime import load_transformed_weights
+
+    obj = load_transformed_weights(cake_out, "layers.0", 0)
+    assert type(obj).__module__ + ":" + type(obj).__qualname__ == CAKE_CLASS
+    assert type(obj.hidden_size) is int and type(obj.has_shared_expert) is bool
+    assert verify(str(cake_out))["problems"] == []
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k.structure_classes], ids=lambda k: k.name)
+def test_the_kernel_tables_classes_are_flashinfers_with_those_fields(kernel):
+    pytest.importorskip("flashinfer")
+    from fimoe_convert.runtime.loader import structure_classes
+
+    for name, cls in structure_classes(kernel).items():
+        assert f"{cls.__module__}:{cls.__qualname__}" == name
+
+
+TENSOR = {"tensor": "t", "dtype": "uint8", "shape": [2, 3]}
+PURE = [  # (structure, classes, stored bytes, problem or None): the check alone, without FlashInfer
+    ({"tuple": [TENSOR, {"none": True}]}, {}, {"t": 6}, None),
+    ({"tuple": [TENSOR]}, {}, {"t": 7}, r"holds 7 bytes; its node \(uint8 \[2, 3\]\) needs 6"),
+    ({"tuple": [TENSOR]}, {}, {}, r"'t' is not in the output"),
+    ({**TENSOR, "dtype": "float4_e2m1fn_x2"}, {}, {"t": 6}, None),
+    ({**TENSOR, "dtype": "bfloat16", "stride": [1, 2]}, {}, {"t": 12}, None),  # span 1+1*1+2*2 = 6 elements
+    ({**TENSOR, "stride": [1]}, {}, {"t": 6}, r"has stride \[1\] for shape \[2, 3\]"),
+    ({**TENSOR, "shape": [2**41]}, {}, None, r"a list of sizes"),
+    ({**TENSOR, "shape": [True]}, {}, None, r"a list of sizes"),
+    ({"none": True}, {}, None, r"structure: an empty slot here"),
+    ({"value": 1}, {}, None, r"a plain value"),
+    ({"dataclass": "m:C", "fields": {"a": {"value": 1.5}}}, {"m:C": {"a": "float"}}, None, None),
+    ({"dataclass": "m:C", "fields": {"a": {"value": 1}}}, {"m:C": {"a": "float"}}, None, r"expected a plain float"),
+    ({"dataclass": "m:D", "fields": {}}, {"m:C": {}}, None, r"names the class 'm:D'.*\(allowed: m:C\)"),
+    ({"tuple": [{"tuple": []}] * 10_001}, {}, None, r"more than 10000 nodes"),
+]
+
+
+@pytest.mark.parametrize("node, classes, nbytes, problem", PURE)
+def test_the_structure_check_alone(node, classes, nbytes, problem):
+    got = structure_problem(node, classes, nbytes)
+    if problem is None:
+        assert got is None
+    else:
+        assert got is not None and re.search(problem, got), got
+
+
+# ------------------------------------------------------------------------- 2. the OUT lock follows no link
+
+
+def _plant(kind: str, out: Path, victim: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_NAME
+    {"symlink-to-src": lambda: os.symlink(victim, lock),
+     "dangling-symlink": lambda: os.symlink(victim.parent / "created-by-the-lock", lock),
+     "hard-link-to-src": lambda: os.link(victim, lock),
+     "folder": lambda: lock.mkdir(),
+     "fifo": lambda: os.mkfifo(lock)}[kind]()
+
+
+LOCKS = [("symlink-to-src", r"is a symbolic link \(to '.*'\); .*remove the link: rm "),
+         ("dangling-symlink", r"is a symbolic link .*remove the link: rm "),
+         ("hard-link-to-src", r"has 2 hard links: it is also another file.*remove this name \(the other file stays\)"),
+         ("folder", r"is a folder; .*move it out of OUT: mv "),
+         ("fifo", r"is not a regular file \(a FIFO, socket or device\); .*remove it: rm ")]
+
+
+@pytest.mark.parametrize("mode", ["", "--overwrite", "--resume"])
+@pytest.mark.parametrize("kind, match", LOCKS, ids=[k for k, _ in LOCKS])
+def test_a_planted_lock_is_refused_and_nothing_it_points_to_is_written(tiny_copy, tmp_path, kind, match, mode):
+    victim = tiny_copy / "tokenizer.json"
+    before = victim.read_bytes()
+    out = tmp_path / "out"
+    _plant(kind, out, victim)
+    refused(cli(tiny_copy, out, "-q", *[mode] * bool(mode)), rf"^error: OUT {out}: {LOCK_NAME} " + match)
+    assert victim.read_bytes() == before and os.stat(victim).st_nlink == (2 if kind.startswith("hard") else 1)
+    assert not (tiny_copy / "created-by-the-lock").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink-to-src", "hard-link-to-src", "folder", "fifo"])
+def test_the_lock_remedy_works(tiny_copy, tmp_path, kind):
+    """Doing what the line says (rm, or mv out of OUT) lets the next run take the lock."""
+    out = tmp_path / "out"
+    _plant(kind, out, tiny_copy / "tokenizer.json")
+    with pytest.raises(InputError) as e:
+        OutLock(out).acquire()
+    if " mv " in str(e.value):
+        (out / LOCK_NAME).rename(tmp_path / "moved")
+    else:
+        (out / LOCK_NAME).unlink()
+    lock = OutLock(out)
+    lock.acquire()
+    assert (out / LOCK_NAME).read_text().startswith(f"pid {os.getpid()} ")
+    lock.release()
+
+
+# ---------------------------------------------------------------- 3. OUT compared on what the kernel resolves
+
+
+OUT_SPELLINGS = [  # (links to make: name -> target relative to tmp, OUT as typed relative to tmp, inside SRC)
+    ({"inf": "src/inference"}, "inf/../out", True),
+    ({"inf": "src/inference"}, "inf/../inference/../x/../y", True),
+    ({"a": "src/inference", "b": "a"}, "b/../z", True),  # a chain of links
+    ({"inf": "src/inference"}, "inf/../../elsewhere", False),  # .. twice: beside SRC, not in it
+    ({"up": "."}, "up/src/../out", False),
+    ({}, "src/../beside", False),
+]
+
+
+@pytest.mark.parametrize("links, spelled, inside", OUT_SPELLINGS, ids=[s for _, s, _ in OUT_SPELLINGS])
+def test_out_through_links_and_dotdot_is_compared_as_the_kernel_resolves_it(tiny_ckpt, tmp_path, monkeypatch, links,
+                                                                            spelled, inside):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_ckpt, src)
+    (src / "inference").mkdir()
+    for name, target in links.items():
+        os.symlink(tmp_path / target, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in src.iterdir())
+    if inside:
+        with pytest.raises(ValidationError, match=rf"^OUT {spelled}: lies inside SRC .*src"):
+            convert(str(src), spelled, "bf16")
+    else:
+        convert(str(src), spelled, "bf16", dry_run=True)
+    assert sorted(p.name for p in src.iterdir()) == before and not any((src / "inference").iterdir())
+
+
+# ----------------------------------------------------------- 4. --resume and an input rewritten in place
+
+
+def _rewrite_in_place(path: Path, chmod_only: bool = False) -> None:
+    """Other bytes of the same size in the same inode, mtime set back (what `cp -p` of a same-size copy does)."""
+    st = path.stat()
+    if chmod_only:
+        os.chmod(path, st.st_mode)  # changes nothing but ctime
+    elif path.suffix == ".json":  # still valid JSON of the same size: one space becomes a tab
+        data = path.read_bytes()
+        assert b": " in data
+        path.write_bytes(data.replace(b": ", b":\t", 1))
+    else:
+        with open(path, "r+b") as f:
+            f.seek(st.st_size - 64)
+            tail = f.read(64)
+            f.seek(st.st_size - 64)
+            f.write(bytes(b ^ 0x5A for b in tail))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = path.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+RESUMES = [  # (input, bytes changed, sha256 recorded, ctime in the manifest, refusal or None)
+    ("model-00001-of-00004.safetensors", True, False, True, r"changed since .* \(written or its attributes changed"),
+    ("config.json", True, False, True, r"changed since .* no sha256 was recorded"),
+    ("model-00002-of-00004.safetensors", True, True, True, r"sha256 [0-9a-f]{16}\.\.\. differs from the"),
+    ("model-00002-of-00004.safetensors", False, True, True, None),  # only ctime moved, bytes the same: kept
+    ("model-00002-of-00004.safetensors", False, False, True, r"written or its attributes changed"),
+    ("model-00003-of-00004.safetensors", False, False, False, r"its change time \(ctime\) was not recorded"),
+    ("model-00003-of-00004.safetensors", False, True, False, None),  # an older manifest: hashed, and it matches
+]
+
+
+@pytest.mark.parametrize("rel, changed, hashed, ctime, refusal", RESUMES)
+def test_resume_catches_an_input_rewritten_with_size_and_mtime_kept(tiny_copy, tmp_path, rel, changed, hashed, ctime,
+                                                                    refusal):
+    out = tmp_path / "out"
+    interrupted_run(tiny_copy, out, hashed=True)
+
+    def forget(m):
+        rec = m["source"]["files"][rel]
+        if not hashed:
+            rec["sha256"] = None
+        if not ctime:
+            for r in m["source"]["files"].values():
+                r.pop("ctime_ns")
+    edit_json(out / MANIFEST_NAME, forget)
+    _rewrite_in_place(tiny_copy / rel, chmod_only=not changed)
+    r = cli(tiny_copy, out, "--shard-size", "1MB", "--resume", "-q")
+    if refusal is None:
+        assert r.exit_code == 0, r.output
+        assert cli("verify", out).exit_code == 0
+    else:
+        refused(r, rf"^error: --resume: {tiny_copy / rel}: .*{refusal}.*run with --overwrite in place of --resume")
+        assert json.loads((out / MANIFEST_NAME).read_text())["complete"] is False
+
+
+# -------------------------------------------------------------- 5. Hub requests end, and signals end them
+
+
+@pytest.mark.parametrize("chunks, limit, late, result", [
+    ([b"ab", b"cd", b"ef"], 5, False, b"abcde"),
+    ([b"a"] * 10, 3, False, b"aaa"),
+    ([b"a"] * 10, 30, True, TimeoutError),  # a byte at a time, past the deadline
+    ([b"abc"], 3, True, b"abc"),  # what was asked arrived: no timeout
+])
+def test_a_request_has_an_overall_deadline(chunks, limit, late, result):
+    from fimoe_convert.files.remote import _read_at_most
+
+    deadline = time.monotonic() - 1 if late else time.monotonic() + 60
+    if result is TimeoutError:
+        with pytest.raises(TimeoutError, match=r"^1 of 30 bytes after 60 s, the most one request may take$"):
+            _read_at_most(iter(chunks), limit, deadline)
+    else:
+        assert _read_at_most(iter(chunks), limit, deadline) == result
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_inspect_of_a_hub_repo_stuck_on_a_slow_server(tiny_ckpt, tmp_path, signum):
+    from helpers.hub_files import HubFiles
+
+    class Drip(HubFiles):
+        """Shard headers sent one byte every 0.2 s: never a read timeout, never an end."""
+
+        def _serve(self, h, body):
+            if not (body and h.path.endswith(".safetensors")):
+                return super()._serve(h, body)
+            with self.lock:
+                self.requests.append((h.command, h.path, h.headers.get("Range")))
+            h.send_response(206)
+            h.send_header("Content-Length", str(1 << 20))
+            h.send_header("Content-Range", f"bytes 0-{(1 << 20) - 1}/{1 << 30}")
+            h.end_headers()
+            try:
+                for _ in range(600):
+                    h.wfile.write(b"\0")
+                    h.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+
+    with Drip("org/tiny-v4", tiny_ckpt, "c" * 40) as hub:
+        env = child_env(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_TELEMETRY="1",
+                        HF_TOKEN="", FIMOE_DEBUG="", HF_HUB_OFFLINE=None)
+        proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", "inspect", "org/tiny-v4"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        t0 = time.monotonic()
+        while not any(p.endswith(".safetensors") for _, p, _ in hub.requests) and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signum)
+        sent = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("the run did not end within 10 s of the signal")
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 128 + signum, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(f"error: interrupted ({signal.Signals(signum).name})") and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------ 6. verify --deep blames a changed source
+
+
+@pytest.mark.parametrize("rel", ["model-00001-of-00004.safetensors", "model-00004-of-00004.safetensors", "config.json",
+                                 None])
+def test_verify_deep_blames_a_source_rewritten_in_place(tiny_copy, tmp_path, rel):
+    out = tmp_path / "out"
+    convert(str(tiny_copy), str(out), "bf16", shard_size="1MB")
+    if rel is None:
+        assert verify(str(out), deep=True, src=str(tiny_copy))["problems"] == []
+        return
+    _rewrite_in_place(tiny_copy / rel)
+    with pytest.raises(InputError, match=rf"^--src {tiny_copy}: is not the checkpoint {out} was converted from "
+                                         rf"\({rel.replace('.', chr(92) + '.')}: \d+ bytes, sha256 [0-9a-f]{{16}}; the "
+                                         r"output was converted from \d+ bytes, sha256 [0-9a-f]{16}\); pass the original"):
+        verify(str(out), deep=True, src=str(tiny_copy))
+    refused(cli("verify", out, "--deep", "--src", tiny_copy), r"is not the checkpoint .* pass the original with --src")
