@@ -46,9 +46,13 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+_STOPPING: list[int] = []  # the signal that stopped this process: ignored to the end (a second Ctrl-C)
+
+
 def _on_signal(signum, frame):
     for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
         signal.signal(s, signal.SIG_IGN)
+    _STOPPING.append(signum)
     raise Interrupted(signum)
 
 
@@ -60,11 +64,25 @@ def _signals_interrupt():
         yield
         return
     previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    _STOPPING.clear()
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        for s, h in previous.items():  # once stopping, ignored through exit and atexit (no rc -2, no traceback)
+            signal.signal(s, _unless_stopping(h) if _STOPPING else h)
+
+
+def _unless_stopping(previous):
+    """A handler that ignores the signal while the process ends after a stop, else does what `previous` did."""
+    def handler(signum, frame):
+        if _STOPPING or previous is None:
+            return None
+        if callable(previous):
+            return previous(signum, frame)
+        signal.signal(signum, previous)
+        os.kill(os.getpid(), signum)
+        return None
+    return handler
 
 
 def _debug() -> bool:
@@ -124,7 +142,9 @@ class TargetName(click.ParamType):
 
 
 def _emit(obj, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else text)
+    # Text: control characters but the line breaks escaped (a name read from a file sends no escape sequence).
+    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else
+               "\n".join(one_line(line) for line in text.split("\n")))
 
 
 def _params(pairs: tuple[str, ...]) -> dict:
@@ -272,6 +292,8 @@ def _checkpoint_text(r: dict) -> str:
 
 def _converted_text(r: dict) -> str:
     m, t, origin = r["model"], r["target"], r["from"]
+    origin = {k: one_line(v) if isinstance(v, str) else v for k, v in origin.items()}  # from a manifest: one line each
+    t = {k: one_line(v) if isinstance(v, str) else v for k, v in t.items()}
     return "\n".join([
         f"{r['source']}: a fimoe-convert output for --target {t['name']}"
         + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
@@ -354,8 +376,8 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
     if dry_run:
         text = "\n".join([f"would upload {plural(r['files'], 'file')}, {r['human']} ({r['bytes']} bytes) to {where}"
                           + (" (private)" if private else ""),
-                          *[f"  {f['file']}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
-                          *[f"  not uploaded (not in the manifest): {f}" for f in r["not_uploaded"]],
+                          *[f"  {one_line(f['file'])}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
+                          *[f"  not uploaded (not in the manifest): {one_line(f)}" for f in r["not_uploaded"]],
                           "token: " + ("found (not shown)" if r["token_found"] else
                                        "none found: set HF_TOKEN or run `hf auth login` before uploading")])
     else:

@@ -21,8 +21,8 @@ from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.lock import OutLock
-from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
-                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
+from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, earlier_files, file_record, free_disk,
+                           prepare_out, remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
 from .files.safetensors import INDEX_NAME, remove_own_temporaries
 from .files.source import Source, open_source
 from .hub import model_card
@@ -126,7 +126,7 @@ def convert(
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
         # 5. The plan and the free disk; a dry run ends here.
         todo = [s for s in plan.shards if s.filename not in kept]
-        result = _result(out_dir, source, tgt, plan, kept, todo, dry_run)
+        result = _result(out_dir, source, tgt, plan, kept, todo, dry_run, overwrite)
         if dry_run:
             result.estimate = eta.estimate(source, tgt, plan)[0]
             result.seconds = time.perf_counter() - t0
@@ -165,10 +165,13 @@ def convert(
 
 
 def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],
-            dry_run: bool) -> ConvertResult:
+            dry_run: bool, overwrite: bool = False) -> ConvertResult:
     """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
     the room for the shards and copied files, with headroom."""
     disk, free = free_disk(out_dir)
+    if overwrite and out_dir.is_dir():  # the earlier conversion is removed first: its bytes are free for this one
+        free += sum(st.st_size for p in earlier_files(out_dir) if (st := p.lstat()).st_nlink == 1 and p.is_file()
+                    and not p.is_symlink())
     result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=tgt.opts.device, shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
                            seconds=0.0, dry_run=dry_run, free_disk=free, skipped=list(source.skipped),

@@ -98,7 +98,8 @@ KERNELS: tuple[Kernel, ...] = (
             config_class="Sm120_Mxfp4_Mxfp8_Bf16_Cake_MegaMoeConfig", pack_format="fp4", recommended=True,
             structure_classes={"flashinfer.moe_ep.backends.mega.kernel.sm120.mxfp4_mxfp8_bf16_cake.cake_weights:"
                                "TransformedCakeMegaWeights": {
-                                   **dict.fromkeys(("w1_fp4", "w1_sfb", "w2_fp4", "w2_sfb", "w1_b8", "w2_b8"), "tensor"),
+                                   **dict.fromkeys(("w1_fp4", "w1_sfb", "w2_fp4", "w2_sfb", "w1_b8", "w2_b8"),
+                                                   "tensor"),
                                    "hidden_size": "int", "intermediate_size": "int", "local_experts": "int",
                                    "has_shared_expert": "bool"}}),
     _moe_ep("sm100_bf16_bf16_bf16_cutedsl", "SM100 CuTe-DSL megakernel on BF16 weights (exact dequant of the FP4 experts)",

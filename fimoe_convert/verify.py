@@ -65,7 +65,8 @@ def structure_problems(out_dir: Path, manifest: dict) -> list[str]:
     kernel = BY_NAME.get(manifest["target"]["name"])
     if kernel is None or kernel.kernel_name != manifest["target"]["kernel_name"]:
         return [f"{where}: target {manifest['target']['name'][:80]!r} with kernel "
-                f"{str(manifest['target']['kernel_name'])[:80]!r} is not a target of this fimoe-convert; {OUT_DAMAGED_HINT}"]
+                f"{str(manifest['target']['kernel_name'])[:80]!r} is not a target of this fimoe-convert; "
+                f"{OUT_DAMAGED_HINT}"]
     if kernel.kernel_name is None:
         return []  # dense engines' outputs: tensors by name, no structure to rebuild
     try:

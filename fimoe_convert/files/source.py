@@ -11,12 +11,12 @@ from pathlib import Path
 
 from ..checkpoint import (EXPERT_LEGS, ModelSpec, check_counts, expected_expert_tensors, model_spec_from_config,
                           natural_key, parse_expert_name)
-from ..errors import InputError, UsageError, ValidationError
+from ..errors import CONTROL, InputError, UsageError, ValidationError
 from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
 from .output import is_tool_name
-from .paths import name_problem
+from .paths import NAME_MAX, name_problem
 from .remote import describing_files, remote_headers
-from .safetensors import INDEX_NAME, SINGLE_NAME, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
+from .safetensors import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
 
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
@@ -343,6 +343,7 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
                         "disagreements between the index and the shard headers"))
     raise_if(check_experts(model, {name: headers[rel].tensors[name] for name, rel in weight_map.items()}))
     extra, skipped = _small_files(root, allowed)
+    raise_if(summarized([f"{root}: file {n!r}: {why}" for n in extra if (why := copy_name_problem(n))], "file names"))
     source = Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
                     weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped,
                     remote=frozenset(remote))
@@ -371,6 +372,21 @@ def _disagreements(root: Path, where: str, weight_map: dict[str, str], headers: 
         if name not in weight_map:
             problems.append(f"{root / rel}: holds tensor {name!r}, which the index does not list")
     return problems
+
+
+def copy_name_problem(name: str) -> str | None:
+    """Why SRC's file `name` cannot be copied into OUT (where it is written as NAME.fimoe-tmp, then renamed, and
+    listed in a UTF-8 manifest), or None: said when SRC is opened, not after every shard is written."""
+    try:
+        size = len((name + TMP_SUFFIX).encode())
+    except UnicodeEncodeError:
+        return ("its name is not valid UTF-8, which the manifest cannot record; rename it or move it out of the "
+                "checkpoint")
+    if size > NAME_MAX or CONTROL.search(name):
+        return (f"its name ({len(name.encode())} bytes{', with a control character' if CONTROL.search(name) else ''}) "
+                f"cannot be copied into OUT, where it is written as NAME{TMP_SUFFIX} (at most {NAME_MAX} bytes, no "
+                "control character); rename it or move it out of the checkpoint")
+    return None
 
 
 def _small_files(root: Path, allowed: Path) -> tuple[list[str], list[str]]:
