@@ -47,6 +47,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 _STOPPING: list[int] = []  # the signal that stopped this process: ignored to the end (a second Ctrl-C)
+_STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this process runs another command (tests)
 
 
 def _on_signal(signum, frame):
@@ -59,30 +60,25 @@ def _on_signal(signum, frame):
 @contextlib.contextmanager
 def _signals_interrupt():
     """While a command runs, SIGINT, SIGTERM and SIGHUP raise Interrupted (once); signals the process was started
-    ignoring (nohup, a background job) stay ignored, and the handlers are put back after."""
+    ignoring (nohup, a background job) stay ignored, and the handlers are put back after, unless a signal stopped
+    the command: then they stay ignored through exit (Python resets its own handlers at exit, and a second Ctrl-C
+    would end the process with rc -2 or a traceback)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    for s, h in _STOPPED_FROM.items():
+        signal.signal(s, h)
     _STOPPING.clear()
+    _STOPPED_FROM.clear()
+    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
-        for s, h in previous.items():  # once stopping, ignored through exit and atexit (no rc -2, no traceback)
-            signal.signal(s, _unless_stopping(h) if _STOPPING else h)
-
-
-def _unless_stopping(previous):
-    """A handler that ignores the signal while the process ends after a stop, else does what `previous` did."""
-    def handler(signum, frame):
-        if _STOPPING or previous is None:
-            return None
-        if callable(previous):
-            return previous(signum, frame)
-        signal.signal(signum, previous)
-        os.kill(os.getpid(), signum)
-        return None
-    return handler
+        for s, h in previous.items():
+            if _STOPPING:
+                _STOPPED_FROM[s] = h
+            else:
+                signal.signal(s, h)
 
 
 def _debug() -> bool:

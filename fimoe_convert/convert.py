@@ -21,8 +21,9 @@ from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.lock import OutLock
-from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, earlier_files, file_record, free_disk,
-                           prepare_out, remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
+from .files.out_space import reclaimable_bytes
+from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
+                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
 from .files.safetensors import INDEX_NAME, remove_own_temporaries
 from .files.source import Source, open_source
 from .hub import model_card
@@ -169,9 +170,8 @@ def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: li
     """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
     the room for the shards and copied files, with headroom."""
     disk, free = free_disk(out_dir)
-    if overwrite and out_dir.is_dir():  # the earlier conversion is removed first: its bytes are free for this one
-        free += sum(st.st_size for p in earlier_files(out_dir) if (st := p.lstat()).st_nlink == 1 and p.is_file()
-                    and not p.is_symlink())
+    if overwrite:  # the earlier conversion is removed first: its bytes are free for this one
+        free += reclaimable_bytes(out_dir)
     result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=tgt.opts.device, shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
                            seconds=0.0, dry_run=dry_run, free_disk=free, skipped=list(source.skipped),

@@ -12,25 +12,18 @@ from .errors import UsageError
 from .convert import convert
 from .sizes import human
 from .testing import folder_bytes, fresh_folder, make_checkpoint
+from .testing.fixtures import work_folder_problem
 from .verify import verify
 
 DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
 
 
-def _check_workdir(work: Path) -> None:
-    """The work folder is emptied first: only a new folder, an empty one or an earlier demo's is taken."""
-    ours = {"src", *(f"out-{t}" for t in DEMO_TARGETS)}
-    if work.exists() and not work.is_dir():
-        raise UsageError(f"--workdir {work}: is a file; expected a folder for the demo (it is created if missing)")
-    if work.is_dir() and not {p.name for p in work.iterdir()} <= ours:
-        raise UsageError(f"--workdir {work}: holds files other than an earlier demo's, and the demo empties its "
-                         "folder first; choose a new or empty folder")
-
-
 def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None = None) -> dict:
     """Returns a summary dict; `log` gets one line per step."""
     say = log or (lambda _s: None)
-    _check_workdir(Path(workdir))
+    problem = work_folder_problem(Path(workdir), {"src", *(f"out-{t}" for t in DEMO_TARGETS)})
+    if problem:
+        raise UsageError(f"--workdir {problem}")
     work = fresh_folder(workdir)
     t0 = time.perf_counter()
     # Expert scales within the MXFP4 window of the megamoe kernel, so both targets convert losslessly.

@@ -9,7 +9,7 @@ import torch
 
 from .errors import InputError, UsageError
 from .files.output import MANIFEST_NAME, output_tensor_bytes, read_manifest, read_output_tensors, verify_files
-from .files.safetensors import SINGLE_NAME
+from .files.out_space import stray_single_file
 from .files.source import Source, open_source
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
@@ -29,9 +29,9 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if not res.problems:
         res.problems.extend(structure_problems(out_dir, manifest))
-    if (out_dir / SINGLE_NAME).exists() and SINGLE_NAME not in (manifest.get("files") or {}):
-        res.problems.append(f"{out_dir / SINGLE_NAME}: not part of this output, and an engine that finds it beside "
-                            f"the index may load it in place of the shards; move it out of {out_dir}")
+    stray = stray_single_file(out_dir, manifest.get("files") or {})
+    if stray:
+        res.problems.append(stray)
     if res.problems or not deep:
         return report
     source = _source(manifest, src, out_dir)

@@ -375,6 +375,17 @@ def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, co
     return snap
 
 
+def work_folder_problem(path: Path, ours: set[str]) -> str | None:
+    """Why `path` may not be emptied as a work folder (`fresh_folder`), or None: only a new folder, an empty one or
+    one holding nothing but the entries `ours` is taken."""
+    if path.exists() and not path.is_dir():
+        return f"{path}: is a file; expected a folder for the work (it is created if missing)"
+    if path.is_dir() and not {p.name for p in path.iterdir()} <= ours:
+        return (f"{path}: holds files other than an earlier demo's, and the folder is emptied first; choose a new or "
+                "empty folder")
+    return None
+
+
 def fresh_folder(path: str | Path) -> Path:
     """`path` as an empty folder (what was there is deleted): for the demo and benchmarks' work folders."""
     import shutil

@@ -569,6 +569,6 @@ def test_a_file_name_of_src_that_cannot_be_copied_is_named_before_any_shard(tiny
     if match is None:
         convert(str(tiny_copy), str(out), "bf16", dry_run=True)
         return
-    with pytest.raises(InputError, match=rf"^{re.escape(str(tiny_copy))}: {match}"):
+    with pytest.raises(ValidationError, match=rf"^{re.escape(str(tiny_copy))}: {match}"):
         convert(str(tiny_copy), str(out), "bf16")
     assert not out.exists()
