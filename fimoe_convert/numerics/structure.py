@@ -81,6 +81,9 @@ def unflatten(node: dict, tensors: dict[str, torch.Tensor], classes: dict[str, t
     t = tensors[node["tensor"]]
     dtype = torch_dtype_from_name(node["dtype"])
     want = stored_nbytes(node)
+    if t.dtype != dtype and not (dtype in _STORED_AS_BYTES and t.dtype == torch.uint8):
+        raise ValueError(f"tensor {node['tensor']!r} is stored as {torch_dtype_name(t.dtype)}, its structure says "
+                         f"{node['dtype']}")
     if t.numel() * t.element_size() != want:
         raise ValueError(f"tensor {node['tensor']!r} holds {t.numel() * t.element_size()} bytes, its structure "
                          f"({node['dtype']} {node['shape']}) needs {want}")

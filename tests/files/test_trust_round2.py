@@ -572,3 +572,24 @@ def test_a_file_name_of_src_that_cannot_be_copied_is_named_before_any_shard(tiny
     with pytest.raises(ValidationError, match=rf"^{re.escape(str(tiny_copy))}: {match}"):
         convert(str(tiny_copy), str(out), "bf16")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("stored, node_dtype, shape, problem", [
+    ("uint8", "uint8", [2, 3], None),
+    ("uint8", "float4_e2m1fn_x2", [2, 3], None),  # stored as its bytes
+    ("bfloat16", "float16", [2, 3], r"stored as bfloat16, its structure says float16"),
+    ("uint8", "int8", [2, 3], r"stored as uint8, its structure says int8"),
+    ("uint8", "uint8", [3, 3], r"holds 6 bytes, its structure \(uint8 \[3, 3\]\) needs 9"),
+])
+def test_the_loader_rebuilds_a_tensor_only_as_stored(stored, node_dtype, shape, problem):
+    import torch
+
+    from fimoe_convert.numerics.structure import unflatten
+
+    node = {"tensor": "t", "dtype": node_dtype, "shape": shape}
+    t = torch.zeros(6, dtype=getattr(torch, stored))
+    if problem is None:
+        assert unflatten(node, {"t": t}).shape == tuple(shape)
+    else:
+        with pytest.raises(ValueError, match=problem):
+            unflatten(node, {"t": t})
