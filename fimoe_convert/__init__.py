@@ -5,25 +5,32 @@ Where each job lives:
     cli.py             the commands: parse flags, call the library, print (one error handler)
     convert.py         convert(): the list of steps of a conversion
       options.py         its flags, parsed and checked before SRC is opened
+      budget.py          the one memory budget from --max-memory: unit size, unit check, writer lanes
       resume.py          what an earlier run into OUT left (--resume)
       distributed.py     the ranks of a torchrun launch
-      pipeline/          moving bytes: budget and channels, the schedule of a shard (pure),
-                         reader/converter threads, writer lanes
+      pipeline/          moving bytes: channels, the schedule of a shard (pure), reader/converter threads,
+                         writer lanes
     verify.py          verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
     eta.py             the --dry-run estimate, from one unit of the target's own work, measured
     console.py         what the CLI shows while it works: progress, log lines, readable reports
-    hub.py             the model card; upload to the Hub
+    hub.py             the model card
+    upload.py          upload of a finished, verified OUT to the Hub
     demo.py            the embedded default job
     kernels.py         THE kernel table: every target and its kernel's facts, as data
     targets/           the converters, one per family of the table (bf16, fp8_block, megamoe, moe_ep);
-                       rules.py checks a target against the model and the options (pure)
+                       rules.py checks a target against the model and the options (pure); families.py what each
+                       family says of its outputs without a converter: its own rules, report line, card text,
+                       runtime needs, and the one builder of FlashInfer's kernel config (pure)
     plan.py            which tensors go into which output shard, in which units of work (pure)
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
-    files/             the only modules that open files, and the trust boundary: safetensors; SRC (a folder, or
-                       a Hub repo: remote.py reads headers without the weights); OUT (manifest, status, verify,
-                       the lock); one strict JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
+    files/             the only modules that open files, and the trust boundary: the names SRC and OUT share
+                       (names.py); safetensors header, reader, shard writer (st_*.py); files written whole
+                       (atomic.py); SRC (source.py: a folder, or a Hub repo: hub_source.py resolves, downloads and
+                       reads headers without the weights); the manifest, typed once, and the per-rank status files
+                       (manifest.py); OUT's checks, clearing, verify, tensor reads (output.py); the lock; one strict
+                       JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions
@@ -31,10 +38,12 @@ Where each job lives:
 Imports go one way (tests/cli/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
 files):
 
-    cli -> convert, verify, inspection, hub, demo -> pipeline, resume -> targets -> plan -> checkpoint
+    cli -> convert, verify, inspection, upload, demo -> pipeline, resume -> targets -> plan -> checkpoint
                                    |                        |          \\-> numerics
                                    +----------> files <------+
-    runtime -> files, numerics, kernels        targets, runtime -> kernels (data)
+    runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
+    targets, runtime -> kernels (data)
+    budget (memory constants) <- files, pipeline, options, targets, convert
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
@@ -50,25 +59,28 @@ LAYERS: dict[str, frozenset[str]] = {
     "dtypes": frozenset(),
     "versions": frozenset(),
     "kernels": frozenset({"errors"}),
+    "budget": frozenset({"errors", "sizes"}),
     "checkpoint": _BASE,
     "numerics": _BASE,
     "plan": _BASE | {"checkpoint"},
-    "files": _BASE | {"checkpoint"},
-    "targets": _BASE | {"kernels", "checkpoint", "numerics", "plan"},
-    "pipeline": _BASE | {"files", "plan"},
+    "files": _BASE | {"budget", "checkpoint"},
+    "targets": _BASE | {"budget", "kernels", "checkpoint", "numerics", "plan"},
+    "pipeline": _BASE | {"budget", "files", "plan"},
     "distributed": _BASE,
-    "options": _BASE | {"kernels", "targets"},
+    "options": _BASE | {"budget", "kernels", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
-    "hub": _BASE | {"files"},
+    "hub": _BASE | {"files", "targets"},
+    "upload": _BASE | {"files"},
     "verify": _BASE | {"files", "kernels", "numerics", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
     "eta": _BASE,
     "console": _BASE,
-    "convert": _BASE | {"checkpoint", "distributed", "eta", "files", "hub", "kernels", "options", "pipeline", "plan",
-                        "resume", "targets"},
-    "runtime": _BASE | {"files", "kernels", "numerics"},
+    "convert": _BASE | {"budget", "checkpoint", "distributed", "eta", "files", "hub", "kernels", "options",
+                        "pipeline", "plan", "resume", "targets"},
+    "runtime": _BASE | {"files", "kernels", "numerics", "targets"},
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"console", "convert", "testing", "verify"},
-    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "verify"},
+    "cli": _BASE | {"console", "convert", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
+                    "upload", "verify"},
     "__main__": frozenset({"cli"}),
 }

@@ -20,7 +20,7 @@ import threading
 import click
 
 from . import __version__
-from .console import Progress, is_rank0, plural, report_line, setup_logging
+from .console import Progress, is_rank0, plural, setup_logging
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
@@ -28,6 +28,7 @@ from .sizes import human
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
+PRESET_PARAMS = "fimoe_convert.preset_params"  # ctx.meta key: the --config file's params, merged with --param
 EXAMPLES = """\b
 Examples:
   fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --target fp8_block --param scale_dtype=f32
@@ -120,7 +121,8 @@ class Cli(click.Group):
                 raise
             except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
                 what = one_line(" ".join(str(e).split()))[:500]
-                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input problem: "
+                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input "
+                           "problem: "
                            "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
                 sys.exit(1)
 
@@ -148,6 +150,32 @@ def _params(pairs: tuple[str, ...]) -> dict:
     if bad:
         raise UsageError(f"--param {bad[0]}: expected KEY=VALUE, e.g. --param scale_dtype=f32")
     return dict(p.split("=", 1) for p in pairs)
+
+
+def _preset(ctx: click.Context, param, path: str | None) -> str | None:
+    """--config (eager, so before the other flags): the preset's values become the command's defaults
+    (ctx.default_map), converted by the command's own flag types; a value they refuse names the file and the key.
+    Its `params` merge with --param in the command."""
+    if path is None or ctx.resilient_parsing:
+        return path
+    from .files.preset import load_preset
+
+    preset = load_preset(path)
+    preset.pop("model", None)
+    ctx.meta[PRESET_PARAMS] = preset.pop("params", {})
+    flags = {p.name: p for p in ctx.command.params}
+    problems = []
+    for key, value in preset.items():
+        try:
+            flags[key].type_cast_value(ctx, value)
+        except (click.BadParameter, TypeError, ValueError) as e:  # click's int() lets TypeError through for a list
+            why = getattr(e, "message", None) or str(e)
+            problems.append(f"--config {path}: {key} is {value!r}: {why.rstrip('.')}; correct it in the file "
+                            f"(or give --{key.replace('_', '-')} on the command line)")
+    if problems:
+        raise UsageError("; ".join(problems), problems)
+    ctx.default_map = {**(ctx.default_map or {}), **preset}
+    return path
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXAMPLES)
@@ -189,7 +217,7 @@ def main() -> None:
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (like HF_HUB_OFFLINE=1).")
 @click.option("--writers", type=int, default=None,
               help="Output shards written and hashed at once (default: from the cores and --max-memory).")
-@click.option("--config", "config", default=None, metavar="FILE",
+@click.option("--config", "config", default=None, metavar="FILE", is_eager=True, callback=_preset,
               help="A preset (configs/convert/*.toml); flags given here override it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("-v", "--verbose", count=True, help="Show the steps (-v) and details (-vv).")
@@ -200,15 +228,7 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
 
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
-    params = _params(params)
-    if config:
-        from .files.preset import load_preset
-
-        preset = load_preset(config)
-        preset.pop("model", None)
-        params = {**preset.pop("params", {}), **params}
-        flags.update({k: v for k, v in preset.items()
-                      if ctx.get_parameter_source(k) is click.core.ParameterSource.DEFAULT})
+    params = {**ctx.meta.get(PRESET_PARAMS, {}), **_params(params)}  # --param wins over the preset's, key by key
     ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
     progress = Progress("converting", enabled=not (quiet or as_json))
     checking = Progress("checking kept shards", enabled=not (quiet or as_json))
@@ -236,7 +256,9 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
 def _summary(res) -> str:
     text = (f"converted to {res.target} on {res.device}: {plural(res.shards, 'shard')} ({res.shards_kept} kept), "
             f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
-    line = report_line(res.report)
+    from .targets.families import family
+
+    line = family(BY_NAME[res.target]).report_line(res.report)
     return text + (f"\n{line}" if line else "") + _skipped(res)
 
 
@@ -246,11 +268,13 @@ def _skipped(res) -> str:
 
 
 def _dry_run_text(res) -> str:
-    rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  {plural(r['tensors'], 'tensor')}  "
+    rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  "
+                     f"{plural(r['tensors'], 'tensor')}  "
                      f"{human(r['bytes'])}{'  (kept)' if r['kept'] else ''}" for r in res.plan)
     enough = "" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"
     return (f"plan for --target {res.target} on {res.device}: {plural(res.shards, 'shard')}\n{rows}\n"
-            f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, free disk {human(res.free_disk)}{enough}\n"
+            f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, "
+            f"free disk {human(res.free_disk)}{enough}\n"
             f"{res.estimate}" + _skipped(res))
 
 
@@ -294,7 +318,8 @@ def _converted_text(r: dict) -> str:
         f"{r['source']}: a fimoe-convert output for --target {t['name']}"
         + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
         + f", EP size {r['ep_size']}, {'complete' if r['complete'] else 'NOT complete (run with --resume)'}",
-        f"converted from {origin['repo_id'] or origin['spec']}" + (f" at {origin['revision']}" if origin.get("revision") else "")
+        f"converted from {origin['repo_id'] or origin['spec']}"
+        + (f" at {origin['revision']}" if origin.get("revision") else "")
         + f" by fimoe-convert {r['tool']['version']}: {plural(r['files'], 'file')}, {human(r['bytes'])}",
         f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
         f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",
@@ -359,7 +384,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
 
     The token comes from HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
     Hub. An interrupted upload resumes when the same command runs again."""
-    from .hub import upload
+    from .upload import upload
 
     ctx = click.get_current_context()
     ctx.meta[ON_INTERRUPT] = "run the same command again to resume (what reached the Hub is not sent again)"
@@ -388,7 +413,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
 def download_cmd(src, revision, as_json):
     """Fetch the files a conversion of the Hub repo SRC reads (weights, configs, tokenizer) into the Hugging Face
     cache (HF_HUB_CACHE), resumably; a later conversion (or an image build) then runs with --offline."""
-    from .files.source import download
+    from .files.hub_source import download
 
     r = download(src, revision)
     _emit(r, as_json, f"{src}@{r['revision']}: {plural(r['files'], 'file')}, {human(r['bytes'])} in {r['path']}")

@@ -85,18 +85,3 @@ class Progress:
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
-
-def report_line(report: dict) -> str:
-    """A target's report (fp8_block tiles, the megamoe scale window) as one readable line; '' for none."""
-    parts = []
-    if "fp8_block" in report:
-        r = report["fp8_block"]
-        lossy = (f"{r['lossy_tiles']} lossy in {plural(r['lossy_tensors'], 'tensor')} (worst abs. error "
-                 f"{r['worst_abs_err']:.3g}, rel. {r['worst_rel_err']:.3g})" if r["lossy_tiles"] else "all exact")
-        parts.append(f"fp8_block: {plural(r['tensors'], 'expert matrix')}, {plural(r['tiles'], 'tile')}, {lossy}")
-    if "mxfp4_window" in report:
-        r = report["mxfp4_window"]
-        lossy = (f"{r['clamped_groups']} clamped in {plural(r['lossy_experts'], 'expert')} (worst rel. L2 "
-                 f"{r['worst_rel_l2']:.3g})" if r["clamped_groups"] else "all exact")
-        parts.append(f"MXFP4 scale window: {plural(r['groups'], 'scale group')}, {lossy}")
-    return "; ".join(parts).replace("expert matrixs", "expert matrices")

@@ -10,32 +10,43 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import __version__, eta, resume as resuming, versions
 from .distributed import Group
 from .errors import InputError, ValidationError
+from .files.atomic import remove_own_temporaries
+from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
 from .files.lock import OutLock
+from .files.manifest import (
+    EpRecord,
+    FileRecord,
+    LiveManifest,
+    Manifest,
+    Options,
+    SourceFile,
+    SourceRecord,
+    TargetRecord,
+    Tool,
+    remove_rank_status,
+    write_manifest,
+    write_rank_status,
+)
+from .files.names import INDEX_NAME
 from .files.out_space import reclaimable_bytes
-from .files.output import (SCHEMA, LiveManifest, check_out, copy_file, file_record, free_disk, prepare_out,
-                           remove_rank_status, write_json, write_manifest, write_rank_status, write_text)
-from .files.safetensors import INDEX_NAME, remove_own_temporaries
+from .files.output import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.source import Source, open_source
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
-from .files.hashing import ParallelHashes
-from .pipeline.lanes import Lanes, lane_budget, lane_count
-from .sizes import human
+from .pipeline.lanes import Lanes
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
-CORES_PER_HASH = 4  # input sha256 threads: at most one per this many cores
 log = logging.getLogger("fimoe_convert")
 
 
@@ -98,65 +109,72 @@ def convert(
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
-    flags = ConvertOptions.parse(target, ep_size=ep_size, device=device, arch=arch, max_memory=max_memory,
+    opts = ConvertOptions.parse(target, ep_size=ep_size, device=device, arch=arch, max_memory=max_memory,
                                  shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
                                  overwrite=overwrite, writers=writers)
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
-    weights = not dry_run or resume
-    source, error = group.per_node(lambda: open_source(src, revision=revision, offline=offline, weights=weights))
-    problems = list(error.problems) if error else []
-    tgt = None
-    if source is not None:
-        tgt = make_target(flags.kernel, source.model, flags.target)
-        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + tgt.validate()
-    if problems:
-        raise ValidationError(problems)
-    group.barrier()  # every rank has checked OUT before rank 0 creates it
+    source, converter = _checked(group, lambda: open_source(src, revision=revision, offline=offline,
+                                                            weights=not dry_run or resume), opts, out_dir, resume,
+                                 overwrite)
     # 3. The plan, and the memory its largest unit needs.
-    plan = build_plan(source, tgt, flags.shard_bytes)
-    biggest = _check_memory(plan, flags, max_memory, source.model.n_routed_experts)
+    plan = build_plan(source, converter, opts.shard_bytes)
+    biggest = _check_memory(plan, opts, source.model.n_routed_experts)
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
         # 4. What an earlier run into OUT left, if it read the same source files.
         owner = assign_shards(list(plan.shards), group.world)
-        old, carried = resuming.previous_run(out_dir, flags.record(), source, group) if resume else (None, {})
+        old, carried = resuming.previous_run(out_dir, opts.record(), source, group) if resume else (None, {})
         kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
         if old is not None:
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
-        # 5. The plan and the free disk; a dry run ends here.
+        # 5. The plan and the free disk; a dry run ends here, with its estimate.
         todo = [s for s in plan.shards if s.filename not in kept]
-        result = _result(out_dir, source, tgt, plan, kept, todo, dry_run, overwrite)
+        result = _result(out_dir, source, converter, plan, kept, todo, dry_run, overwrite)
         if dry_run:
-            result.estimate = eta.estimate(source, tgt, plan)[0]
-            result.seconds = time.perf_counter() - t0
+            result.estimate, result.seconds = eta.estimate(source, converter, plan)[0], time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
-        manifest = LiveManifest(out_dir, _first_manifest(source, tgt, flags, plan, kept, carried), group.rank == 0)
+        manifest = _first_write(out_dir, _first_manifest(source, converter, opts, plan, kept, carried), group,
+                                overwrite)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
-        if group.rank == 0:
-            prepare_out(out_dir, overwrite)
-            write_manifest(out_dir, manifest.data)
-        group.barrier()
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
-        lanes, budget, threads = _sizing(flags, biggest, len(todo), plan.read_bytes, result.bytes_written)
+        lanes, budget, threads = _sizing(opts, biggest, len(todo), plan.read_bytes, result.bytes_written)
         hashes = hash_inputs(source, source.input_files() if group.rank == 0 else [], threads, manifest)
-        mine = _write_shards(plan, todo, source, tgt, out_dir, (lanes, budget), manifest, group, progress, result, t0)
+        on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
+        mine = _write_shards(plan, todo, source, converter, out_dir, (lanes, budget), manifest, group, progress, result,
+                             t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = hashes.result()
         manifest.close()
         for part in group.gather(mine):
-            manifest.data["files"].update(part)
-            manifest.data["status"].update({f: "written" for f in part})
+            manifest.manifest.files.update(part)
+            manifest.manifest.status.update({f: "written" for f in part})
         if group.rank == 0:
-            _finish(out_dir, source, tgt, plan, manifest.data, old, digests, command)
-            result.report = manifest.data["report"]
+            _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, command)
+            result.report = manifest.manifest.report
         group.barrier()
     group.close()
-    if flags.target.device == "cuda":
+    return _done(result, opts, t0)
+
+
+def _first_write(out_dir: Path, first: Manifest, group: Group, overwrite: bool) -> LiveManifest:
+    """OUT made ready (an earlier conversion cleared with --overwrite) and the first manifest written by rank 0,
+    before any shard; every rank waits for it."""
+    manifest = LiveManifest(out_dir, first, group.rank == 0)
+    if group.rank == 0:
+        prepare_out(out_dir, overwrite)
+        write_manifest(out_dir, manifest.manifest)
+    group.barrier()
+    return manifest
+
+
+def _done(result: ConvertResult, opts: ConvertOptions, t0: float) -> ConvertResult:
+    """The result with the run's seconds and, on CUDA, the device memory peak."""
+    if opts.target.device == "cuda":
         import torch
 
         result.device_peak_bytes = torch.cuda.max_memory_allocated()
@@ -165,14 +183,31 @@ def convert(
     return result
 
 
-def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: list[OutShard],
+def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, out_dir: Path, resume: bool,
+             overwrite: bool) -> tuple[Source, object]:
+    """(SRC, its converter) once SRC opens, the target fits the model and the options, and OUT may be written; every
+    problem of the three at once (ValidationError). Ends when every rank has checked OUT."""
+    source, error = group.per_node(opening)
+    problems = list(error.problems) if error else []
+    converter = None
+    if source is not None:
+        converter = make_target(opts.kernel, source.model, opts.target)
+        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + converter.validate()
+    if problems:
+        raise ValidationError(problems)
+    group.barrier()  # every rank has checked OUT before rank 0 creates it
+    return source, converter
+
+
+def _result(out_dir: Path, source: Source, converter, plan: Plan, kept: dict, todo: list[OutShard],
             dry_run: bool, overwrite: bool = False) -> ConvertResult:
     """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
     the room for the shards and copied files, with headroom."""
     disk, free = free_disk(out_dir)
     if overwrite:  # the earlier conversion is removed first: its bytes are free for this one
         free += reclaimable_bytes(out_dir)
-    result = ConvertResult(out=str(out_dir), target=tgt.kernel.name, device=tgt.opts.device, shards=len(plan.shards),
+    result = ConvertResult(out=str(out_dir), target=converter.kernel.name, device=converter.opts.device,
+                           shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
                            seconds=0.0, dry_run=dry_run, free_disk=free, skipped=list(source.skipped),
                            plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
@@ -184,13 +219,13 @@ def _result(out_dir: Path, source: Source, tgt, plan: Plan, kept: dict, todo: li
     return result
 
 
-def _sizing(flags: ConvertOptions, biggest: int, shards: int, read_bytes: int,
+def _sizing(opts: ConvertOptions, biggest: int, shards: int, read_bytes: int,
             write_bytes: int) -> tuple[int, int, int]:
     """(lanes, bytes of each lane's budget, input hash threads) for writing `shards` shards."""
-    budget = lane_budget(flags.memory_bytes, biggest)
-    lanes = lane_count(flags.writers, shards, flags.memory_bytes, budget)
+    budget = opts.memory.lane_bytes(biggest)
+    lanes = opts.memory.lane_count(opts.writers, shards, budget)
     # Input hashing keeps pace with the lanes' output hashing: as many threads as the input's share of the bytes.
-    threads = min(max(1, (os.cpu_count() or 1) // CORES_PER_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
+    threads = min(hash_threads(CORES_PER_INPUT_HASH), math.ceil(lanes * read_bytes / max(write_bytes, 1)))
     log.info("writing %d shard(s) on %d lane(s) of %d bytes each; %d input hash thread(s)", shards, lanes, budget,
              threads)
     return lanes, budget, threads
@@ -241,50 +276,42 @@ def tool_versions() -> dict:
             "safetensors": versions.installed("safetensors"), "flashinfer": versions.installed("flashinfer-python")}
 
 
-def _check_memory(plan: Plan, flags: ConvertOptions, max_memory, experts: int) -> int:
-    """The largest unit's output bytes; refuses a --max-memory below what that unit needs (its output and its
-    inputs, about twice the output), naming the memory and the --ep-size that would fit."""
+def _check_memory(plan: Plan, opts: ConvertOptions, experts: int) -> int:
+    """The largest unit's output bytes, refused (MemoryBudget.check_unit) when that unit does not fit."""
     biggest = max(plan.units.values(), key=lambda u: u.out_bytes, default=None)
-    size = biggest.out_bytes if biggest else 0
-    need = 2 * size
-    if need > flags.memory_bytes:
-        ep = flags.target.ep_size
-        fits = next((d for d in range(ep + 1, experts + 1) if experts % d == 0 and need * ep / d <= flags.memory_bytes),
-                    None)
-        hint = (f", or use --ep-size {fits} (about {human(need * ep / fits)} a unit)"
-                if fits and flags.kernel.kernel_name else "")
-        raise ValidationError([f"--max-memory {max_memory}: one unit of work ({biggest.key}) needs about {human(need)} "
-                               f"(its output and its inputs); raise --max-memory to at least {human(need)}{hint}"])
-    return size
+    if biggest is None:
+        return 0
+    opts.memory.check_unit(biggest.key, biggest.out_bytes, opts.target.ep_size, experts,
+                           by_rank=bool(opts.kernel.kernel_name))
+    return biggest.out_bytes
 
 
-def _first_manifest(source: Source, tgt, flags: ConvertOptions, plan: Plan, kept: dict, carried: dict) -> dict:
+def _first_manifest(source: Source, converter, opts: ConvertOptions, plan: Plan, kept: dict,
+                    carried: dict) -> Manifest:
     """The manifest before any shard: `source.files` holds every input's identity (size, mtime_ns, inode, dev) and
     its sha256 where known without reading it (`carried`: recorded by the run a --resume continues)."""
-    model, opts = source.model, flags.target
-    files = {rel: {**source.identities[rel], "sha256": carried.get(rel) or source.known_sha256(rel)}
+    model, ep_size = source.model, opts.target.ep_size
+    files = {rel: SourceFile(**source.identities[rel], sha256=carried.get(rel) or source.known_sha256(rel))
              for rel in source.input_files()}
-    return {
-        "schema": SCHEMA,
-        "complete": False,
-        "tool": tool_versions(),
-        "options": flags.record(),
-        "source": {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files},
-        "model": model.to_json(),
-        "target": tgt.record(),
-        "ep": {"world_size": opts.ep_size,
-               "expert_ranges": [list(r) for r in ep_ranges(model.n_routed_experts, opts.ep_size)]},
-        "layers": tgt.layers_record(list(plan.units.values())),
-        "files": dict(kept),
-        "status": {s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
-    }
+    return Manifest(
+        tool=Tool(**tool_versions()),
+        options=Options(**opts.record()),
+        source=SourceRecord(source.spec, source.repo_id, source.revision, files),
+        model=model.to_json(),
+        target=TargetRecord(**converter.record()),
+        ep=EpRecord(ep_size, tuple(tuple(r) for r in ep_ranges(model.n_routed_experts, ep_size))),
+        layers=converter.layers_record(list(plan.units.values())),
+        files=dict(kept),
+        status={s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
+        complete=False,
+    )
 
 
-def _source_record(source: Source, hashes: dict[str, str]) -> dict:
+def _source_record(source: Source, hashes: dict[str, str]) -> SourceRecord:
     """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
     elsewhere give the same manifest)."""
-    files = {rel: {"size": source.identities[rel]["size"], "sha256": hashes[rel]} for rel in source.input_files()}
-    return {"spec": source.spec, "repo_id": source.repo_id, "revision": source.revision, "files": files}
+    files = {rel: SourceFile(source.identities[rel]["size"], hashes[rel]) for rel in source.input_files()}
+    return SourceRecord(source.spec, source.repo_id, source.revision, files)
 
 
 def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveManifest | None = None
@@ -292,10 +319,10 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
     finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
 
-    def add(m: dict, rel: str, sha: str) -> None:
-        rec = m["source"]["files"][rel]
-        resuming.check_sha(source.root / rel, sha, rec["sha256"], manifest.out_dir)  # a recorded hash stays
-        rec["sha256"] = sha
+    def add(m: Manifest, rel: str, sha: str) -> None:
+        rec = m.source.files[rel]
+        resuming.check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)  # a recorded hash stays
+        rec.sha256 = sha
 
     def record(rel: str, sha: str) -> None:
         if manifest is not None:
@@ -304,7 +331,7 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
 
 
-def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir: Path, lanes: tuple[int, int],
+def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
                   manifest: LiveManifest, group: Group, progress, result: ConvertResult, t0: float) -> dict:
     """Write this rank's shards; {shard file: record} of those written. Each finished shard is recorded at once
     (the manifest, or under torchrun a status file per rank), with the report of the units whose first output
@@ -318,18 +345,18 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
                     seen.add(k)
                     first_units.setdefault(shard.filename, []).append(k)
     lock = threading.Lock()
-    mine: dict[str, dict] = {}
+    mine: dict[str, FileRecord] = {}
     done = 0
 
     def on_shard(shard: OutShard, rec) -> None:
-        part = tgt.report(first_units.get(shard.filename, []))
+        part = converter.report(first_units.get(shard.filename, []))
 
-        def written(m: dict) -> None:
-            m["files"][shard.filename] = mine[shard.filename]
-            m["status"][shard.filename] = "written"
+        def written(m: Manifest) -> None:
+            m.files[shard.filename] = mine[shard.filename]
+            m.status[shard.filename] = "written"
 
         with lock:
-            mine[shard.filename] = {"size": rec.size, "sha256": rec.sha256, **({"report": part} if part else {})}
+            mine[shard.filename] = FileRecord(rec.size, rec.sha256, part)
             if group.world == 1:
                 manifest.update(written)
             else:  # one status file per rank: ranks never rewrite the same file
@@ -344,12 +371,12 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, tgt, out_dir
 
     count, budget = lanes
     start = time.perf_counter() - t0
-    timings = Lanes(plan, todo, source, tgt, out_dir, count, budget, on_bytes, on_shard).run()
+    timings = Lanes(plan, todo, source, converter, out_dir, count, budget, on_bytes, on_shard).run()
     result.timings = {k: round(v, 3) for k, v in {"start": start, **timings}.items()}
     return mine
 
 
-def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: dict, old: dict | None,
+def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Manifest, old: Manifest | None,
             hashes: dict[str, str], command: str | None) -> None:
     """Metadata files last, so that a folder without them never looks complete: the index, the config, copies
     of SRC's small files, the model card, and the manifest with `complete: true`."""
@@ -357,18 +384,18 @@ def _finish(out_dir: Path, source: Source, tgt, plan: Plan, manifest: dict, old:
     index = {"metadata": {"total_size": sum(s.nbytes for s in plan.shards)},
              "weight_map": dict(sorted(weight_map.items()))}
     write_json(out_dir / INDEX_NAME, index)
-    write_json(out_dir / "config.json", tgt.update_config(source.config))
+    write_json(out_dir / "config.json", converter.update_config(source.config))
     copied = copied_files(source)
     for rel in copied:
         copy_file(source.root / rel, out_dir / rel)
     source.check_unchanged()  # every input is still the file the shards were read from
-    manifest["source"] = _source_record(source, hashes)
-    resuming.check_source_hashes(out_dir, old, manifest["source"])
+    manifest.source = _source_record(source, hashes)
+    resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
-    manifest["report"] = tgt.merge_reports([manifest["files"][s.filename].get("report", {}) for s in plan.shards])
+    manifest.report = converter.merge_reports([manifest.files[s.filename].report for s in plan.shards])
     write_text(out_dir / "README.md", model_card(manifest, command=command))
     for rel in [INDEX_NAME, "config.json", "README.md", *copied]:
-        manifest["files"][rel] = file_record(out_dir / rel)
-    manifest["complete"] = True
+        manifest.files[rel] = file_record(out_dir / rel)
+    manifest.complete = True
     write_manifest(out_dir, manifest)
     remove_rank_status(out_dir)

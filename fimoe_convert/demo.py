@@ -4,8 +4,8 @@ FlashInfer megakernel layout, verify both, and summarize."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .console import plural
 from .errors import UsageError
@@ -36,7 +36,8 @@ def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None
         ver = verify(str(out), deep=True)
         status = "ok" if not ver["problems"] else "FAILED: " + ver["problems"][0]
         say(f"converted to {target}: {plural(res.shards, 'shard')}, {human(res.bytes_written)} in {res.seconds:.2f} s; "
-            f"verify --deep: {status} ({plural(ver['files'], 'file')}, {plural(ver['deep_checked'], 'unit')} re-derived)")
+            f"verify --deep: {status} ({plural(ver['files'], 'file')}, "
+            f"{plural(ver['deep_checked'], 'unit')} re-derived)")
         rows.append({"target": target, "out": str(out), "shards": res.shards, "bytes": res.bytes_written,
                      "seconds": round(res.seconds, 3), "verify": status})
     ok = all(r["verify"] == "ok" for r in rows)

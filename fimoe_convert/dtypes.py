@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 FP4_GROUP = 32  # values per E8M0 scale byte in DeepSeek's FP4 (MXFP4) weights
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .checkpoint import parse_expert_name, variant_name
 from .errors import UsageError
-from .files.output import has_manifest, read_manifest
+from .files.manifest import has_manifest, read_manifest
 from .files.source import open_source, resolve_source_root
 from .kernels import KERNELS
 from .options import parse_arch
@@ -44,12 +44,11 @@ def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_
 def describe_output(src: str, root: Path) -> dict:
     """A converted folder, from its manifest: target, kernel, EP size, source and its revision, files, bytes."""
     m = read_manifest(root)
-    files = m.get("files") or {}
-    return {"source": src, "root": str(root), "converted": True, "complete": m.get("complete") is True,
-            "target": m["target"], "ep_size": m["ep"]["world_size"], "model": m["model"],
-            "from": {k: m["source"].get(k) for k in ("spec", "repo_id", "revision")},
-            "tool": m["tool"], "files": len(files), "bytes": sum(f.get("size", 0) for f in files.values()),
-            "report": m.get("report", {})}
+    return {"source": src, "root": str(root), "converted": True, "complete": m.complete is True,
+            "target": m.target.to_json(), "ep_size": m.ep_size, "model": m.model,
+            "from": {"spec": m.source.spec, "repo_id": m.source.repo_id, "revision": m.source.revision},
+            "tool": m.tool.to_json(), "files": len(m.files), "bytes": sum(f.size for f in m.files.values()),
+            "report": m.report or {}}
 
 
 def list_targets() -> list[dict]:

@@ -41,7 +41,8 @@ class Kernel:
     config_class: str | None = None
     pack_format: str | None = None
     # The layout of N experts is the layouts of chunks of them, concatenated (checked against the whole-block call by
-    # tests/targets/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow with them.
+    # tests/targets/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow with
+    # them.
     expert_chunks: bool = False
     expert_chunks_unless: dict[str, str] = field(default_factory=dict)  # a --param value under which they are not
     # The only dataclasses a stored structure of this target may name ("module:qualname" -> {field: "tensor" or a
@@ -102,7 +103,8 @@ KERNELS: tuple[Kernel, ...] = (
                                                    "tensor"),
                                    "hidden_size": "int", "intermediate_size": "int", "local_experts": "int",
                                    "has_shared_expert": "bool"}}),
-    _moe_ep("sm100_bf16_bf16_bf16_cutedsl", "SM100 CuTe-DSL megakernel on BF16 weights (exact dequant of the FP4 experts)",
+    _moe_ep("sm100_bf16_bf16_bf16_cutedsl",
+            "SM100 CuTe-DSL megakernel on BF16 weights (exact dequant of the FP4 experts)",
             capabilities=SM100, weights="bf16 (exact dequant)", activations="bf16",
             config_class="Sm100_Bf16_Bf16_Bf16_Cutedsl_MegaMoeConfig", pack_format="bf16", align=(32, 64),
             aliases=("bf16_cutedsl",), needs_nvshmem=True, expert_chunks=True),
@@ -134,12 +136,14 @@ KERNELS: tuple[Kernel, ...] = (
             config_class="Sm100_Fp8_Fp4_Bf16_Deepgemm_MegaMoeConfig", pack_format="fp4",
             aliases=("deep_gemm_mega", "flashinfer_moe_ep_mega_deep_gemm"),
             vllm_moe_backend="flashinfer_moe_ep_mega_deep_gemm", needs_packages=("deep_gemm",), recommended=True,
-            # DeepGEMM's scale transform refuses SM90 ("Unknown SF transformation": evidence/h200/2026-12-01-deepgemm.log)
+            # DeepGEMM's scale transform refuses SM90 ("Unknown SF transformation":
+            # evidence/h200/2026-12-01-deepgemm.log)
             preprocess_needs_cuda=True, preprocess_capabilities=SM100),
 )
 
 # Compute capability -> the GPUs that have it, for suggestions.
-GPU_FAMILIES = {"9.0": "H100/H200", "10.0": "B200/GB200", "10.3": "B300/GB300", "10.7": "SM107", "12.0": "RTX PRO 6000, RTX 50"}
+GPU_FAMILIES = {"9.0": "H100/H200", "10.0": "B200/GB200", "10.3": "B300/GB300", "10.7": "SM107",
+                "12.0": "RTX PRO 6000, RTX 50"}
 
 # What to install for a package a conversion needs (Kernel.needs_packages).
 INSTALL = {"flashinfer": "pip install 'fimoe-convert[flashinfer]'",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .budget import MemoryBudget
 from .errors import UsageError
 from .kernels import Kernel, get_kernel
 from .sizes import parse_size
@@ -12,7 +13,6 @@ from .targets import TargetOptions
 
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
-UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their work (fewer with --max-memory/32)
 # --param keys and values: what the kernel table uses; anything else (a newline, a quote) would reach the
 # manifest, the model card and messages
 PARAM_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
@@ -46,7 +46,7 @@ class ConvertOptions:
     kernel: Kernel
     target: TargetOptions
     shard_bytes: int
-    memory_bytes: int
+    memory: MemoryBudget
     writers: int | None
 
     @classmethod
@@ -64,7 +64,7 @@ class ConvertOptions:
                 raise UsageError(f"--param {key!r}={value!r}: keys and values are letters, digits, '_', '.' and '-'; "
                                  "fimoe-convert targets lists each target's parameters")
         shard_bytes = parse_size(shard_size, "--shard-size")
-        memory_bytes = parse_size(max_memory, "--max-memory")
+        memory = MemoryBudget(parse_size(max_memory, "--max-memory"), str(max_memory))
         kernel = get_kernel(target)
         dev = resolve_device(device)
         cap = parse_arch(arch)
@@ -73,8 +73,8 @@ class ConvertOptions:
 
             cap = torch.cuda.get_device_capability()
         opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}),
-                             unit_bytes=min(UNIT_BYTES_MAX, memory_bytes // 32))
-        return cls(kernel, opts, shard_bytes, memory_bytes, writers)
+                             unit_bytes=memory.unit_bytes)
+        return cls(kernel, opts, shard_bytes, memory, writers)
 
     def record(self) -> dict:
         """The manifest's `options`: what must match for --resume (any unit size gives the same output)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 from .distributed import Group
 from .errors import InputError, UsageError
 from .files.hashing import ParallelHashes
-from .files.output import has_manifest, matching_records, read_manifest, read_rank_status
+from .files.manifest import FileRecord, Manifest, Options, SourceRecord, has_manifest, read_manifest, read_rank_status
+from .files.output import matching_records
 from .files.source import SAME_FILE, Source, identity_change
 from .plan import Plan
 
@@ -22,17 +23,18 @@ CHANGED = ("the shards kept would mix old and new source bytes: run with --overw
            "convert again from the current source")
 
 
-def previous_run(out_dir: Path, options: dict, source: Source, group: Group) -> tuple[dict | None, dict]:
+def previous_run(out_dir: Path, options: dict, source: Source, group: Group) -> tuple[Manifest | None, dict]:
     """(the earlier run's manifest or None when OUT has none, {input: sha256 or None} recorded for the inputs
     that are still the files it read). Refuses a manifest made with other options (exit 2) or from other or
     changed source files (exit 1, naming the file); rank 0 compares the inputs, for every rank."""
     if not has_manifest(out_dir):
         return None, {}
     old = read_manifest(out_dir, purpose="resume")
-    if old["options"] != options:
-        changed = sorted(k for k in set(options) | set(old["options"]) if options.get(k) != old["options"].get(k))
+    if old.options != Options(**options):
+        was = old.options.to_json()
+        changed = sorted(k for k in set(options) | set(was) if options.get(k) != was.get(k))
         raise UsageError(f"--resume: {out_dir} was converted with other options ({', '.join(changed)} differ: "
-                         f"{[old['options'].get(k) for k in changed]} there, "
+                         f"{[was.get(k) for k in changed]} there, "
                          f"{[options.get(k) for k in changed]} now); use the same options or --overwrite")
     carried, problem = {}, None
     if group.rank == 0:
@@ -46,10 +48,10 @@ def previous_run(out_dir: Path, options: dict, source: Source, group: Group) -> 
     return old, carried
 
 
-def same_inputs(out_dir: Path, old: dict, source: Source) -> dict[str, str | None]:
+def same_inputs(out_dir: Path, old: Manifest, source: Source) -> dict[str, str | None]:
     """{input: sha256 or None} for SRC's inputs when each is the file the earlier run recorded (same size, mtime,
     ctime and inode; else, where a sha256 was recorded, the same bytes); an InputError naming the first that is not."""
-    recorded = old["source"]["files"]
+    recorded = old.source.files
     now = source.input_files()
     added, gone = sorted(set(now) - set(recorded)), sorted(set(recorded) - set(now))
     if added or gone:
@@ -60,11 +62,11 @@ def same_inputs(out_dir: Path, old: dict, source: Source) -> dict[str, str | Non
     to_hash = []
     for rel in now:
         rec, cur = recorded[rel], source.identities[rel]
-        if all(rec.get(k) == cur[k] for k in SAME_FILE):
-            carried[rel] = rec["sha256"]
-        elif rec["sha256"] is None or rec["size"] != cur["size"]:
+        if all(rec.identity().get(k) == cur[k] for k in SAME_FILE):
+            carried[rel] = rec.sha256
+        elif rec.sha256 is None or rec.size != cur["size"]:
             raise InputError(f"--resume: {source.root / rel}: changed since {out_dir} was started "
-                             f"({identity_change(rec, cur)})" + ("" if rec["sha256"] else
+                             f"({identity_change(rec.identity(), cur)})" + ("" if rec.sha256 else
                                                                  " and no sha256 was recorded to compare its bytes")
                              + f"; {CHANGED}")
         else:
@@ -72,7 +74,7 @@ def same_inputs(out_dir: Path, old: dict, source: Source) -> dict[str, str | Non
     threads = max(1, (os.cpu_count() or 1) // CORES_PER_HASH)
     hashes = ParallelHashes(to_hash, source.hash_input, threads, source.file_size).result()
     for rel in to_hash:
-        check_sha(source.root / rel, hashes[rel], recorded[rel]["sha256"], out_dir)
+        check_sha(source.root / rel, hashes[rel], recorded[rel].sha256, out_dir)
         carried[rel] = hashes[rel]
     return carried
 
@@ -84,29 +86,29 @@ def check_sha(path: Path, sha: str, recorded: str | None, out_dir: Path) -> None
                          f"{out_dir} was started; {CHANGED}")
 
 
-def kept_shards(out_dir: Path, old: dict | None, plan: Plan, owner: list[int], group: Group,
-                progress=None) -> dict[str, dict]:
+def kept_shards(out_dir: Path, old: Manifest | None, plan: Plan, owner: list[int], group: Group,
+                progress=None) -> dict[str, FileRecord]:
     """{shard file: record} of the finished shards that still match their records; each rank re-hashes the
     shards it owns (in parallel; `progress(done bytes, total bytes)`)."""
     if old is None:
         return {}
-    written = {f: old["files"].get(f) for f, st in old["status"].items() if st == "written"}
+    written = old.written()
     written.update(read_rank_status(out_dir))
     candidates = {s.filename: written[s.filename] for i, s in enumerate(plan.shards)
                   if owner[i] == group.rank and written.get(s.filename)}
     matching = matching_records(out_dir, candidates, progress)
     mine = {f: rec for f, rec in candidates.items() if f in matching}
-    kept: dict[str, dict] = {}
+    kept: dict[str, FileRecord] = {}
     for part in group.gather(mine):
         kept.update(part)
     return kept
 
 
-def check_source_hashes(out_dir: Path, old: dict | None, source_record: dict) -> None:
+def check_source_hashes(out_dir: Path, old: Manifest | None, source_record: SourceRecord) -> None:
     """Refuse to finish when an input's sha256 differs from the one the earlier run recorded."""
-    old_files = (old or {}).get("source", {}).get("files", {})
-    changed = [rel for rel, rec in source_record["files"].items()
-               if old_files.get(rel, {}).get("sha256") not in (None, rec["sha256"])]
+    old_files = old.source.files if old else {}
+    changed = [rel for rel, rec in source_record.files.items()
+               if rel in old_files and old_files[rel].sha256 not in (None, rec.sha256)]
     if changed:
         raise InputError(f"--resume: the sha256 of {', '.join(changed)} differs from when {out_dir} was started; "
                          "run again with --overwrite")

@@ -8,14 +8,15 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
-from .files.output import MANIFEST_NAME, output_tensor_bytes, read_manifest, read_output_tensors, verify_files
+from .files.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .files.out_space import stray_single_file
+from .files.output import output_tensor_bytes, read_output_tensors, verify_files
 from .files.source import Source, open_source
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
 from .plan import piece_rows
-from .targets import TargetOptions, make_target
+from .targets import TargetOptions, get_kernel, make_target
 
 
 def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> dict:
@@ -29,21 +30,21 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if not res.problems:
         res.problems.extend(structure_problems(out_dir, manifest))
-    stray = stray_single_file(out_dir, manifest.get("files") or {})
+    stray = stray_single_file(out_dir, manifest.files)
     if stray:
         res.problems.append(stray)
     if res.problems or not deep:
         return report
     source = _source(manifest, src, out_dir)
-    o = manifest["options"]
-    opts = TargetOptions(ep_size=o["ep_size"], arch=parse_arch(o["arch"]), device="cpu",
-                         allow_lossy=o["allow_lossy"], params=o["params"])
-    tgt = make_target(manifest["target"]["name"], source.model, opts)
-    units = tgt.all_units(source.non_expert_tensors())
+    o = manifest.options
+    target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
+                                   allow_lossy=o.allow_lossy, params=dict(o.params))
+    converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
+    units = converter.all_units(source.non_expert_tensors())
     rows = piece_rows(units)  # a unit may write only some rows of a tensor
     step = max(1, len(units) // samples)
     for unit in units[::step][:samples]:
-        want = tgt.run(unit, {n: source.read(n) for n in unit.inputs})
+        want = converter.run(unit, {n: source.read(n) for n in unit.inputs})
         got = read_output_tensors(out_dir, list(want))
         for name, w in want.items():
             lo, hi = rows[(unit.key, name)]
@@ -57,15 +58,15 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     return report
 
 
-def structure_problems(out_dir: Path, manifest: dict) -> list[str]:
+def structure_problems(out_dir: Path, manifest: Manifest) -> list[str]:
     """Each block's stored structure checked as the runtime loader checks it (the kernel table's classes, each
     tensor's bytes in the shard headers), without FlashInfer; one problem per bad block and rank."""
     where = out_dir / MANIFEST_NAME
-    layers = manifest.get("layers") or {}
-    kernel = BY_NAME.get(manifest["target"]["name"])
-    if kernel is None or kernel.kernel_name != manifest["target"]["kernel_name"]:
-        return [f"{where}: target {manifest['target']['name'][:80]!r} with kernel "
-                f"{str(manifest['target']['kernel_name'])[:80]!r} is not a target of this fimoe-convert; "
+    target = manifest.target
+    kernel = BY_NAME.get(target.name)
+    if kernel is None or kernel.kernel_name != target.kernel_name:
+        return [f"{where}: target {target.name[:80]!r} with kernel "
+                f"{str(target.kernel_name)[:80]!r} is not a target of this fimoe-convert; "
                 f"{OUT_DAMAGED_HINT}"]
     if kernel.kernel_name is None:
         return []  # dense engines' outputs: tensors by name, no structure to rebuild
@@ -74,7 +75,7 @@ def structure_problems(out_dir: Path, manifest: dict) -> list[str]:
     except InputError as e:
         return [str(e)]
     problems = []
-    for layer, ranks in sorted(layers.items()):
+    for layer, ranks in sorted(manifest.layers.items()):
         for rank, rec in sorted(ranks.items()):
             structure = rec.get("structure") if isinstance(rec, dict) else None
             bad = structure_problem(structure, kernel.structure_classes, nbytes) if structure is not None else \
@@ -87,28 +88,27 @@ def structure_problems(out_dir: Path, manifest: dict) -> list[str]:
 OUT_DAMAGED_HINT = "the manifest is damaged or not fimoe-convert's: do not load it; convert again with --overwrite"
 
 
-def _source(manifest: dict, src: str | None, out_dir: Path) -> Source:
+def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
     """The source to re-derive from, checked against what the manifest recorded of it before any unit is compared,
     so that a wrong --src is blamed, not a good output."""
-    rec = manifest["source"]
-    spec = src or rec["spec"]
+    rec = manifest.source
+    spec = src or rec.spec
     try:
-        source = open_source(spec, revision=rec["revision"], offline=True)
+        source = open_source(spec, revision=rec.revision, offline=True)
     except UsageError as e:
         if src is None and not Path(spec).is_absolute():
             raise UsageError(f"verify --deep: the manifest records the source as {spec!r}, a path relative to where "
                              f"the conversion ran, which is not found from here; pass --src PATH") from None
         raise e
     problems = []
-    for rel, want in sorted(rec.get("files", {}).items()):
+    for rel, want in sorted(rec.files.items()):
         # Hashed (unless known): an input rewritten in place with its size kept is the source's fault, not OUT's.
-        hashed = want.get("sha256") is not None
-        got = source.file_record(rel, compute_hash=hashed) if rel in source.input_files() else None
+        got = source.file_record(rel, compute_hash=want.sha256 is not None) if rel in source.input_files() else None
         if got is None:
             problems.append(f"{rel}: not in {spec}")
-        elif got.size != want.get("size") or (got.sha256 and want.get("sha256") and got.sha256 != want["sha256"]):
+        elif got.size != want.size or (got.sha256 and want.sha256 and got.sha256 != want.sha256):
             problems.append(f"{rel}: {got.size} bytes, sha256 {(got.sha256 or 'not known')[:16]}; the output was "
-                            f"converted from {want.get('size')} bytes, sha256 {(want.get('sha256') or 'not recorded')[:16]}")
+                            f"converted from {want.size} bytes, sha256 {(want.sha256 or 'not recorded')[:16]}")
     if problems:
         where = "--src " + src if src else f"the source recorded in {out_dir / MANIFEST_NAME}"
         raise InputError(f"{where}: is not the checkpoint {out_dir} was converted from ({'; '.join(problems[:3])}"

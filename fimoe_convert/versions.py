@@ -1,4 +1,5 @@
-"""Installed package versions, read from their metadata (nothing is imported), and the one version parser."""
+"""Installed package versions, read from their metadata (nothing is imported), and the one version parser
+(packaging's)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ def installed(dist: str) -> str | None:
 
 
 def parse(version: str) -> tuple[int, ...]:
-    """'0.7.4.post1' -> (0, 7, 4); '2.13.0+cpu' -> (2, 13, 0): the leading numbers of up to three parts."""
-    out = []
-    for part in version.split(".")[:3]:
-        m = re.match(r"\d+", part)
-        if not m:
-            break
-        out.append(int(m.group()))
-    return tuple(out)
+    """'0.7.4.post1' -> (0, 7, 4); '2.13.0+cpu' -> (2, 13, 0): the release numbers (PEP 440, by packaging), at most
+    three; () for a version string that is not PEP 440."""
+    from packaging.version import InvalidVersion, Version  # here: `--help` starts without it
+
+    try:
+        return Version(version).release[:3]
+    except InvalidVersion:
+        return ()
 
 
 def show(version: tuple[int, ...]) -> str:

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""python3 scripts/check_doc_links.py [REPO]: check every relative link and image in README.md and docs/*.md: the file exists in the repo (tracked or about
-to be), and a #fragment names a heading of the target file. Links outside the repository are reported too."""
+"""python3 scripts/check_doc_links.py [REPO]: check every relative link and image in README.md, docs/*.md and
+benchmarks/results/README.md: the file exists in the repo (tracked or about to be), and a #fragment names a heading
+of the target file. Links outside the repository are reported too."""
 import re, sys
 from pathlib import Path
 
 repo = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
 files = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+files += [p for p in [repo / "benchmarks" / "results" / "README.md"] if p.exists()]
 link = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
 
 def anchors(md: Path) -> set[str]:

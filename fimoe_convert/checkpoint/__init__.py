@@ -3,6 +3,7 @@
 from .spec import (
     EXPERT_LEGS,
     ExpertKey,
+    expert_name,
     ModelSpec,
     check_counts,
     expected_expert_tensors,
@@ -17,6 +18,7 @@ from .variants import VARIANTS, Variant, variant_name
 __all__ = [
     "EXPERT_LEGS",
     "ExpertKey",
+    "expert_name",
     "ModelSpec",
     "VARIANTS",
     "check_counts",

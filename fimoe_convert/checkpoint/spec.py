@@ -29,7 +29,14 @@ class ExpertKey:
     kind: str  # weight | scale
 
     def name(self) -> str:
-        return f"{self.block}.ffn.experts.{self.expert}.{self.leg}.{self.kind}"
+        return expert_name(self.block, self.expert, self.leg, self.kind)
+
+
+def expert_name(block: str, expert: int, leg: str | None = None, kind: str | None = None) -> str:
+    """`layers.3.ffn.experts.7.w2.scale`, the one spelling of a routed expert's tensor; without `leg` and `kind`
+    the expert's prefix `layers.3.ffn.experts.7`."""
+    prefix = f"{block}.ffn.experts.{expert}"
+    return prefix if leg is None else f"{prefix}.{leg}.{kind}"
 
 
 def parse_expert_name(name: str) -> ExpertKey | None:

@@ -1,4 +1,4 @@
-"""The published DeepSeek V4 variants as data: their geometry (FORMATS.md, section 1), and which one a
+"""The published DeepSeek V4 variants as data: their geometry (from each repo's config.json), and which one a
 checkpoint is. Used by `inspect`, the conversion presets in configs/ and the fixtures of `testing`."""
 
 from __future__ import annotations

@@ -12,13 +12,15 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import InputError
-from .safetensors import write_failed
+from .atomic import write_failed
+from .names import LOCK_NAME
 
-LOCK_NAME = ".fimoe-lock"
 HOLDER_MAX_BYTES = 4096  # the holder line is ~100 bytes; more is not ours
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock: run unlocked
 
 
+# Not filelock's: before 3.20.1 (CVE-2025-68146) it opens with O_TRUNC through a planted symlink, and later ones
+# still truncate the holder line before flock (tox-dev/filelock#591), which a second run's error names.
 class OutLock:
     """`acquire()` creates OUT (and its parents) when missing and takes the lock; `release()` removes the lock
     file and, if this lock created OUT and nothing was written into it, OUT itself."""

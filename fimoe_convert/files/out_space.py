@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 from .output import earlier_files
-from .safetensors import SINGLE_NAME
+from .names import SINGLE_NAME
 
 
 def reclaimable_bytes(out_dir: Path) -> int:

@@ -9,14 +9,16 @@ from pathlib import Path
 from ..errors import UsageError
 from .safe_open import open_regular
 
-# key -> type of its value; every key is a keyword argument of convert() but `model`
-KEYS: dict[str, type] = {"model": str, "target": str, "ep_size": int, "device": str, "arch": str, "max_memory": str,
-                         "shard_size": str, "allow_lossy": bool, "params": dict, "writers": int, "revision": str}
+# Every key but `model` is a keyword argument of convert() and a flag of `convert`, whose own type converts it
+# (the CLI puts the values into click's default_map); `params` (--param KEY=VALUE) is a table of strings.
+KEYS = ("model", "target", "revision", "ep_size", "device", "arch", "max_memory", "shard_size", "allow_lossy",
+        "params", "writers")
 MAX_BYTES = 64 * 1024  # a preset is a few lines; anything larger is not one
 
 
 def load_preset(path: str | Path) -> dict:
-    """The preset's settings, by convert() keyword; every problem names the file and the key."""
+    """The preset's settings, by convert() keyword; every problem names the file and the key (the values of
+    flags are converted, and their problems reported, by the CLI)."""
     path = Path(path)
     try:
         with open_regular(path) as f:  # a FIFO or /dev/zero: refused, and never more than MAX_BYTES + 1 read
@@ -33,12 +35,12 @@ def load_preset(path: str | Path) -> dict:
         raise UsageError(f"--config {path}: not valid TOML ({e})") from None
     problems = []
     for key, value in data.items():
-        want = KEYS.get(key)
-        if want is None:
+        if key not in KEYS:
             problems.append(f"--config {path}: unknown key {key!r}; expected some of {', '.join(KEYS)}")
-        elif type(value) is not want or (want is dict and not all(isinstance(v, str) for v in value.values())):
-            problems.append(f"--config {path}: {key} is {value!r}; expected a {want.__name__}"
-                            + (" of strings (--param KEY=VALUE)" if want is dict else ""))
+        elif key in ("model", "params") and not (isinstance(value, str) if key == "model" else (
+                isinstance(value, dict) and all(isinstance(v, str) for v in value.values()))):
+            problems.append(f"--config {path}: {key} is {value!r}; expected a "
+                            + ("string" if key == "model" else "table of strings (--param KEY=VALUE)"))
     if problems:
         raise UsageError("; ".join(problems), problems)
     return data

@@ -1,29 +1,33 @@
-"""The input checkpoint: a local folder or a Hub snapshot; config, index, every shard header
-validated before any tensor data is read; tensors read by name from whichever shard holds them."""
+"""The input checkpoint: a local folder or a Hub snapshot (found or fetched by hub_source.py); config, index,
+every shard header validated before any tensor data is read; tensors read by name from whichever shard holds
+them."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from ..checkpoint import (EXPERT_LEGS, ModelSpec, check_counts, expected_expert_tensors, model_spec_from_config,
-                          natural_key, parse_expert_name)
-from ..errors import CONTROL, InputError, UsageError, ValidationError
+from ..checkpoint import (
+    EXPERT_LEGS,
+    ModelSpec,
+    check_counts,
+    expected_expert_tensors,
+    model_spec_from_config,
+    natural_key,
+    parse_expert_name,
+)
+from ..errors import CONTROL, InputError, ValidationError
+from .hashing import sha256_file
+from .hub_source import SHA256_RE, local_dir_sha256, remote_headers, resolve_source_root
 from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
-from .output import is_tool_name
+from .names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, is_tool_name
 from .paths import NAME_MAX, name_problem
-from .remote import describing_files, remote_headers
-from .safetensors import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, Header, TensorInfo, as_typed, read_bytes, read_header, sha256_file
+from .st_header import Header, TensorInfo, as_typed, read_header
+from .st_reader import read_bytes
 
-# What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
-HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
-_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_EXAMPLES = 3  # missing tensors named per block in an error
-METADATA_MAX_BYTES = 4096  # a `hf download --local-dir` metadata file is three short lines
 # The fields of config.json whose type the code relies on before the model spec checks the rest.
 CONFIG_SCHEMA = Obj(optional={"quantization_config": Nullable(Obj()), "architectures": Nullable(ListOf(str)),
                               "text_config": Nullable(Obj(optional={"quantization_config": Nullable(Obj())})),
@@ -112,7 +116,7 @@ class Source:
         path = self.root / rel
         if sha is None and path.is_symlink():
             target = Path(os.readlink(path)).name
-            if _SHA256_RE.match(target):
+            if SHA256_RE.match(target):
                 sha = target
         return sha or local_dir_sha256(self.root, rel)
 
@@ -185,7 +189,7 @@ def identity_change(old: dict, new: dict) -> str:
         if type(ns) is not int:
             return "unknown"
         try:
-            return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+            return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
         except (OverflowError, OSError, ValueError):
             return str(ns)
 
@@ -203,80 +207,6 @@ def identity_change(old: dict, new: dict) -> str:
         parts.append("replaced by another file (inode "
                      f"{old.get('inode')} -> {new.get('inode')})")
     return ", ".join(parts) or "no identity recorded"
-
-
-# What `hf download --local-dir` leaves beside each file: commit, etag (an LFS file's sha256), download time.
-LOCAL_DIR_METADATA = ".cache/huggingface/download/{rel}.metadata"
-
-
-def local_dir_sha256(root: Path, rel: str) -> str | None:
-    """The sha256 huggingface_hub recorded when it downloaded `rel` into the folder `root` (`--local-dir`), if the
-    file has not changed since (huggingface_hub's own rule: mtime at most 1 s past the recorded time); else None.
-    Read here without huggingface_hub's reader, which takes a lock file and deletes bad metadata: SRC is only read."""
-    meta = root / LOCAL_DIR_METADATA.format(rel=rel)
-    try:
-        with open(meta, "rb") as f:
-            lines = f.read(METADATA_MAX_BYTES).decode("utf-8").splitlines()
-        etag, stamp = lines[1].strip(), float(lines[2])
-        fresh = (root / rel).stat().st_mtime - 1 <= stamp
-    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
-        return None
-    return etag if fresh and _SHA256_RE.match(etag) else None
-
-
-def download(spec: str, revision: str | None) -> dict:
-    """Fetch the files a conversion of the Hub repo `spec` reads into the Hugging Face cache (resumable)."""
-    if not _is_repo_id(spec):
-        raise UsageError(f"SRC {spec!r}: not a Hub repo id (org/name); only a Hub repo is downloaded")
-    root = resolve_source_root(spec, revision, offline=False)[0]
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return {"repo_id": spec, "revision": root.name, "path": str(root), "files": len(files),
-            "bytes": sum(p.stat().st_size for p in files)}
-
-
-def _is_repo_id(spec: str) -> bool:
-    return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
-
-
-def resolve_source_root(spec: str, revision: str | None, offline: bool,
-                        weights: bool = True) -> tuple[Path, Path, str | None, str | None]:
-    """(root, allowed_root, repo_id, revision): a local folder as is; a Hub repo id downloaded (or found in the
-    cache when offline) with huggingface_hub. `weights=False` (and online): only the small files that describe the
-    checkpoint (config, index, manifest) into the revision's snapshot folder, beside any shards already there."""
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        if revision:
-            raise UsageError(f"--revision {revision}: SRC {spec!r} is a local folder; --revision applies to Hub repos only")
-        root = path.resolve()
-        return root, root, None, None
-    if path.exists():
-        raise UsageError(f"SRC {spec!r} is a file; expected a checkpoint folder or a Hub repo id (org/name)")
-    if not _is_repo_id(spec):
-        raise UsageError(f"SRC {spec!r}: no such folder, and not a Hub repo id (org/name)")
-    import huggingface_hub
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-    try:
-        if not weights and not offline:
-            snap = describing_files(spec, revision)
-        else:  # the cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts
-            snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
-                                                          local_files_only=offline,
-                                                          cache_dir=os.environ.get("HF_HUB_CACHE")))
-    except LocalEntryNotFoundError:
-        hint = "run once without --offline/HF_HUB_OFFLINE=1 to fetch it" if offline else "check the network"
-        raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; {hint}") from None
-    except HfHubHTTPError as e:
-        raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
-                         "check the repo id, --revision and your token (HF_TOKEN)") from None
-    except OSError as e:  # the cache folder, or a transfer error huggingface_hub raises as an OSError
-        raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
-                         "pass --offline to use the local cache") from None
-    # A cache snapshot is snapshots/<commit>/ whose files link into ../../blobs of the same repo.
-    commit = snap.name if re.fullmatch(r"[0-9a-f]{40}", snap.name) else revision
-    allowed = snap.parent.parent.resolve() if snap.parent.name == "snapshots" else snap.resolve()
-    return snap, allowed, spec, commit
 
 
 def open_source(spec: str, revision: str | None = None, offline: bool = False, weights: bool = True) -> Source:
@@ -446,7 +376,8 @@ def check_experts(model: ModelSpec, tensors: dict[str, TensorInfo]) -> list[str]
         problems += [text for _, text in wrong]
     if stray:
         problems.append(f"{len(stray)} routed-expert tensors lie outside the {len(blocks)} MoE blocks x "
-                        f"{model.n_routed_experts} experts that config.json declares, e.g. {', '.join(sorted(stray)[:MAX_EXAMPLES])}; "
+                        f"{model.n_routed_experts} experts that config.json declares, e.g. "
+                        f"{', '.join(sorted(stray)[:MAX_EXAMPLES])}; "
                         "config.json contradicts the tensors")
     for block in model.moe_blocks:
         missing = [f"{block}.ffn.experts.{j}.{leg}.{kind}"

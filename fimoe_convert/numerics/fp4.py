@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
-from typing import Callable
-
 import torch
 
 from ..dtypes import FP4_GROUP
+from .fp4_args import checked_args, scale_bytes
 
 SCALE_NAN_BYTE = 255  # E8M0 NaN; corrupt input
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -41,15 +41,6 @@ _PARALLEL_MIN_BYTES = 1 << 20
 _POOL: ThreadPoolExecutor | None = None
 _POOL_KEY: tuple[int, int] = (0, 0)  # (pid, workers): a fork or a larger thread count makes a new pool
 _POOL_LOCK = threading.Lock()
-
-
-def scale_bytes(scales: torch.Tensor) -> torch.Tensor:
-    """E8M0 scales (uint8 or float8_e8m0fnu) as uint8 bytes, no copy."""
-    if scales.dtype == torch.uint8:
-        return scales
-    if scales.dtype in (torch.float8_e8m0fnu, torch.int8):
-        return scales.view(torch.uint8)
-    raise TypeError(f"E8M0 scales must be uint8 or float8_e8m0fnu, got {scales.dtype}")
 
 
 def find_nan_scales(scales: torch.Tensor) -> int:
@@ -89,19 +80,6 @@ def _pool(workers: int) -> ThreadPoolExecutor:
             _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fimoe-fp4")
             _POOL_KEY = (os.getpid(), workers)
         return _POOL
-
-
-def _check_out(out: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a tensor, got {type(out).__name__}")
-    if out.dtype != torch.bfloat16:
-        raise TypeError(f"out must be bfloat16, got {out.dtype}")
-    if tuple(out.shape) != shape:
-        raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, codes are on {device}")
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
 
 
 def _dequant_cpu(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> None:
@@ -167,28 +145,6 @@ def _dequant_torch(codes: torch.Tensor, sb: torch.Tensor, out: torch.Tensor) -> 
     index = codes.to(torch.int32, memory_format=torch.contiguous_format).view(rows, sb.shape[1], FP4_GROUP // 2)
     index.bitwise_or_((sb.to(torch.int32) << 8).unsqueeze(-1))
     torch.index_select(_pair_table(codes.device), 0, index.reshape(-1), out=out.view(torch.int32).view(-1))
-
-
-def checked_args(packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale bytes, out) for a decode of `packed` codes [..., K/2] with `scales` [..., K/32]: types, shapes and
-    devices checked; `out` made (BF16 [..., K] on the codes' device) or checked."""
-    if packed.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"FP4 codes must be int8 or uint8, got {packed.dtype}")
-    sb = scale_bytes(scales)
-    if packed.dim() == 0:
-        raise ValueError("FP4 codes must have at least one dimension [..., K/2]")
-    k_half = packed.shape[-1]
-    if packed.shape[:-1] != sb.shape[:-1] or k_half * 2 != sb.shape[-1] * FP4_GROUP:
-        raise ValueError(f"codes {tuple(packed.shape)} and scales {tuple(sb.shape)} do not match: "
-                         f"expected scales [..., K/{FP4_GROUP}] for codes [..., K/2]")
-    if sb.device != packed.device:
-        raise ValueError(f"codes are on {packed.device} but scales on {sb.device}")
-    shape = (*packed.shape[:-1], k_half * 2)
-    if out is None:
-        return sb, torch.empty(shape, dtype=torch.bfloat16, device=packed.device)
-    _check_out(out, shape, packed.device)
-    return sb, out
 
 
 def dequant_fp4_to_bf16(packed: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

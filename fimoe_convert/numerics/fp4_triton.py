@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import torch
 
-from ..dtypes import FP4_GROUP
+from .fp4_args import checked_args
 
-GROUP_BYTES = FP4_GROUP // 2  # code bytes per scale byte
 BLOCK_GROUPS = 64  # scale groups per program 1 KiB of codes in, 4 KiB of BF16 out
 NUM_WARPS = 2  # with BLOCK_GROUPS 64: 92% of copy on the H200, best of the sweep (docs/PERFORMANCE.md)
 LOAD_BYTES = 4  # code bytes per thread per load: see the kernel
@@ -145,8 +144,6 @@ def dequant_fp4_to_bf16_cuda(packed: torch.Tensor, scales: torch.Tensor, *, out:
     contiguous BF16 tensor of the result's shape on the same device. Tuning knobs: `block_groups`
     (scale groups of 16 code bytes per program, a power of two), `num_warps` and `load_bytes`
     (contiguous code bytes per thread load)."""
-    from .fp4 import checked_args
-
     if packed.device.type != "cuda":
         raise ValueError(f"codes ({packed.device}) and scales ({scales.device}) must be on one CUDA device")
     if block_groups <= 0 or block_groups & (block_groups - 1):

@@ -113,7 +113,8 @@ class Fp8BlockResult:
 def _check_args(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Shapes and dtypes of codes and scales; the scale bytes (uint8), checked for 255."""
     if packed.dim() != 2 or packed.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"FP4 codes must be a 2-D int8/uint8 tensor [out, in/2], got {packed.dtype} {tuple(packed.shape)}")
+        raise TypeError(f"FP4 codes must be a 2-D int8/uint8 tensor [out, in/2], got {packed.dtype} "
+                        f"{tuple(packed.shape)}")
     sb = scale_bytes(scales)
     out_dim, k_half = packed.shape
     k = 2 * k_half
@@ -250,12 +251,3 @@ def fp4_to_fp8_block(packed: torch.Tensor, scales: torch.Tensor, block: tuple[in
                 raise RuntimeError(f"fp4_to_fp8_block: the lossy table and the float check disagree in tile row {i}")
             max_abs[i], max_rel[i] = ref.max_abs[0], ref.max_rel[0]
     return Fp8BlockResult(weight, tile_bytes, lossy, max_abs, max_rel)
-
-
-def dequant_fp8_block_to_f32(weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """FP8 E4M3 [out, in] with one scale per `block` tile (float32, or E8M0 as float8_e8m0fnu) -> float32
-    [out, in], the product done in float32."""
-    rows, cols = (int(b) for b in block)
-    s = e8m0_to_f32(scales) if scales.dtype in (torch.float8_e8m0fnu, torch.uint8) else scales.float()
-    out, inp = weight.shape
-    return weight.float() * s.repeat_interleave(rows, 0)[:out].repeat_interleave(cols, 1)[:, :inp]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class Stopped(Exception):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
-from ..files.safetensors import IO_BLOCK
+from ..budget import IO_BLOCK
 from ..files.source import Source
 from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
@@ -131,7 +131,8 @@ class Feeder:
                     held = (sum(self.source.info(n).nbytes for n in unit.inputs)
                             + sum(self.plan.piece_bytes(unit.key, n) for n in step.writes))
                     self.budget.acquire(held)
-                    tensors = self._timed("read", lambda: {n: self.source.read(n, pin=self.cuda) for n in unit.inputs})
+                    tensors = self._timed("read", lambda: {n: self.source.read(n, pin=self.cuda)
+                                                           for n in unit.inputs})  # noqa: B023 - called at once
                     yield _Inputs(step, unit, tensors, held)
                 else:
                     yield step

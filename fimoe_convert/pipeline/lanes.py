@@ -1,43 +1,24 @@
 """Writer lanes: each writes the shards its feeder took, one after another, through a ShardWriter (temporary
-name, fsync, rename); several lanes write and hash several shards at once. Also how many lanes, and how much
-memory each holds."""
+name, fsync, rename); several lanes write and hash several shards at once (how many, and the
+bytes each holds: budget.MemoryBudget)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from ..files.safetensors import IO_BLOCK, STAGE_BLOCKS, PlannedTensor, ShardWriter, WrittenFile
+from ..files.atomic import WrittenFile
 from ..files.source import Source
+from ..files.st_header import PlannedTensor
+from ..files.st_writer import ShardWriter
 from ..plan import OutShard, Plan
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes
 
 SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch API write; some loaders look for it
-READ_AHEAD_MAX = 128 << 20  # bytes read or converted ahead of the writer, unless two units need more
-MAX_LANES = 4  # one sha256 per lane; more lanes than this gained nothing on the machines measured
-CORES_PER_LANE = 4  # a lane keeps a reader, a converter, a writer and a hasher busy
-
-
-def lane_budget(memory_bytes: int, biggest_unit: int) -> int:
-    """Bytes one lane holds between reading and writing: two units (inputs and outputs) or READ_AHEAD_MAX,
-    so that reading, converting and writing overlap, within a quarter of --max-memory (the rest: write
-    buffers, the unit being converted, pinned and allocator caches)."""
-    return max(min(memory_bytes // 4, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK)
-
-
-def lane_count(writers: int | None, shards: int, memory_bytes: int, budget: int) -> int:
-    """Shards written at once. Each lane hashes its own shard, and one sha256 runs at 1.2 to 1.8 GB/s on
-    the machines measured, below a fast disk; auto: a lane per 4 cores, at most 4, as many as fit their
-    budgets and write buffers into a quarter of --max-memory."""
-    if writers is None:
-        fits = memory_bytes // 4 // (budget + STAGE_BLOCKS * IO_BLOCK)
-        writers = min(MAX_LANES, max(1, (os.cpu_count() or 1) // CORES_PER_LANE), max(1, fits))
-    return max(1, min(writers, shards))
 
 
 class Lanes:

@@ -8,8 +8,8 @@ a run of its own, since holding it could starve the byte budget."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 from ..plan import OutShard, OutTensor
 
@@ -45,7 +45,7 @@ class Emit:
     kept: bool
 
 
-Step = Union[Copy, Run, Emit]
+Step = Copy | Run | Emit
 
 
 def shard_steps(shard: OutShard, piece_bytes: Callable[[str, str], int], block: int, keep_max: int) -> list[Step]:

@@ -18,8 +18,11 @@ import torch
 
 from .. import versions
 from ..errors import InputError, format_problems
-from ..kernels import suggested, vllm_backends
-from .loader import Manifest, load_manifest, load_transformed_weights
+from ..kernels import BY_NAME, suggested, vllm_backends
+from ..targets.families import Family, config_class, family
+from ..targets.families import kernel_config as build_kernel_config
+from ..files.manifest import Manifest, TargetRecord
+from .loader import as_manifest, load_transformed_weights
 
 EPLB_FALLBACK = "flashinfer_cutlass"  # a vLLM MoE backend that supports EPLB
 
@@ -54,14 +57,6 @@ class EplbNotSupportedError(IncompatibleTargetError, NotImplementedError):
 
 # Helpers --------------------------------------------------------------------------------------------
 
-def _manifest(m: Manifest | dict | str | Path) -> Manifest:
-    if isinstance(m, Manifest):
-        return m
-    if isinstance(m, dict):
-        return Manifest(Path("."), m)
-    return load_manifest(m)
-
-
 def _cap_str(cap: tuple[int, int]) -> str:
     return f"{cap[0]}.{cap[1]}"
 
@@ -76,8 +71,17 @@ def installed_flashinfer_version() -> str | None:
     return versions.installed("flashinfer-python")
 
 
-def _target_desc(target: dict) -> str:
-    return f"--target {target['name']}"
+def _target_desc(target: TargetRecord) -> str:
+    return f"--target {target.name}"
+
+
+def _family(target: TargetRecord) -> Family:
+    try:
+        return family(target)
+    except KeyError:
+        raise IncompatibleTargetError([f"{_target_desc(target)}: not a target this fimoe-convert knows ("
+                                       f"{', '.join(BY_NAME)}); load it with the fimoe-convert version that wrote "
+                                       "it (fimoe-manifest.json, tool.version)"]) from None
 
 
 def _suggestion(cap: tuple[int, int]) -> str:
@@ -93,13 +97,12 @@ def _suggestion(cap: tuple[int, int]) -> str:
 
 def backend_spec(manifest: Manifest | dict | str | Path) -> FiMoeEpBackendSpec:
     """The FlashInfer kernel a converted output is for, and whether its runtime needs NVSHMEM."""
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     t = m.target
-    if not t.get("kernel_name"):
-        raise IncompatibleTargetError([
-            f"{_target_desc(t)}: this output keeps BF16 experts for the engine's own MoE kernels and has no "
-            "FlashInfer megakernel; convert with a FlashInfer target for one (`fimoe-convert targets`)"])
-    return FiMoeEpBackendSpec(megakernel=t["kernel_name"], needs_nvshmem=bool(t.get("needs_nvshmem")))
+    problem = _family(t).megakernel_problem(t)
+    if problem:
+        raise IncompatibleTargetError([problem])
+    return FiMoeEpBackendSpec(megakernel=t.kernel_name, needs_nvshmem=t.needs_nvshmem)
 
 
 def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tuple[int, int] | None = None,
@@ -108,14 +111,14 @@ def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tupl
     capability (given, else the current CUDA device's, else not checked) is not one the target runs
     on; the EP world size is not the one the output was sharded for; the installed FlashInfer is
     older than the output needs (kernel targets only)."""
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     t = m.target
-    kernel = bool(t.get("kernel_name"))
+    kernel = bool(t.kernel_name)
     problems: list[str] = []
 
     if capability is None and torch.cuda.is_available():
         capability = tuple(torch.cuda.get_device_capability())
-    caps = [_parse_cap(c) for c in t.get("capabilities") or ()]
+    caps = [_parse_cap(c) for c in t.capabilities]
     if capability is not None and caps and tuple(capability) not in caps:
         cap = (int(capability[0]), int(capability[1]))
         problems.append(f"compute capability {_cap_str(cap)}: this output was converted with {_target_desc(t)}, "
@@ -127,7 +130,7 @@ def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tupl
 
     if kernel:
         need = versions.MIN_FLASHINFER
-        recorded = (m.data.get("tool") or {}).get("flashinfer")
+        recorded = m.tool.flashinfer
         if recorded:
             rec = versions.parse(recorded)[:2]
             if len(rec) == 2:
@@ -196,7 +199,7 @@ def ensure_runtime(bootstrap, manifest: Manifest | dict | str | Path):
     later calls with the same requirements and EP group return the same handle. Layers built after
     this can take `BootstrapConfig(..., auto_bootstrap=False)`."""
     global _STATE
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     check_compatible(m, ep_world_size=bootstrap.world_size)
     reqs = runtime_requirements(m)
     with _LOCK:
@@ -204,7 +207,7 @@ def ensure_runtime(bootstrap, manifest: Manifest | dict | str | Path):
             if _STATE.requirements != reqs:
                 raise RuntimeError(
                     f"ensure_runtime: this process's FlashInfer moe_ep runtime was bootstrapped with "
-                    f"{sorted(_STATE.requirements)} for --target {_STATE.target}; --target {m.target['name']} "
+                    f"{sorted(_STATE.requirements)} for --target {_STATE.target}; --target {m.target.name} "
                     f"needs {sorted(reqs)}; call finalize_runtime() first, or serve one target per process")
             if (_STATE.world_size, _STATE.rank) != (bootstrap.world_size, bootstrap.rank):
                 raise RuntimeError(
@@ -214,7 +217,7 @@ def ensure_runtime(bootstrap, manifest: Manifest | dict | str | Path):
         from flashinfer.moe_ep.core import runtime as rt
 
         handle = rt.bootstrap_moe_ep_runtime(bootstrap, reqs)
-        _STATE = _RuntimeState(handle, reqs, m.target["name"], bootstrap.world_size, bootstrap.rank)
+        _STATE = _RuntimeState(handle, reqs, m.target.name, bootstrap.world_size, bootstrap.rank)
         return handle
 
 
@@ -237,41 +240,23 @@ def runtime_handle():
 
 # MegaConfig -----------------------------------------------------------------------------------------
 
-def kernel_config_class(kernel_name: str) -> type:
-    """The flashinfer.moe_ep config dataclass whose `kernel_name` default is `kernel_name`."""
-    import flashinfer.moe_ep as me
-
-    found: list[type] = []
-    for attr in sorted(dir(me)):
-        cls = getattr(me, attr)
-        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or cls in found:
-            continue
-        for f in dataclasses.fields(cls):
-            if f.name == "kernel_name" and f.default == kernel_name:
-                found.append(cls)
-    if len(found) != 1:
-        raise IncompatibleTargetError([
-            f"kernel {kernel_name!r}: the installed flashinfer.moe_ep ({installed_flashinfer_version()}) has "
-            f"{'no' if not found else 'more than one'} config class for it; install the flashinfer-python "
-            "version the output was converted with (fimoe-manifest.json, tool.flashinfer)"])
-    return found[0]
-
-
 def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
     """The kernel's FlashInfer config, built from the manifest: intermediate_size and top_k from the
     model, the target's conversion parameters, then `kernel_options` (other fields of the config)."""
-    m = _manifest(manifest)
+    m = as_manifest(manifest)
     t = m.target
-    if t.get("runtime_module") == "flashinfer.megamoe":
+    problem = _family(t).mega_config_problem(t)
+    if problem:
+        raise IncompatibleTargetError([problem])
+    cls = config_class(BY_NAME[t.name])
+    if cls is None:
         raise IncompatibleTargetError([
-            f"{_target_desc(t)}: this output is for flashinfer.megamoe, which takes no MegaConfig; load each "
-            "block with fimoe_convert.runtime.load_megamoe_weights(out_dir, layer, rank, device) and call "
-            "flashinfer.megamoe.mxfp4_mega_moe"])
-    spec = backend_spec(m)
-    cls = kernel_config_class(spec.megakernel)
+            f"kernel {t.kernel_name!r}: the installed flashinfer.moe_ep ({installed_flashinfer_version()}) has no "
+            f"config class {BY_NAME[t.name].config_class}; install the flashinfer-python version the output was "
+            "converted with (fimoe-manifest.json, tool.flashinfer)"])
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    model = m.data["model"]
-    geometry = {"intermediate_size": model["moe_intermediate_size"], "top_k": model["num_experts_per_tok"]}
+    sizes = m.model["moe_intermediate_size"], m.model["num_experts_per_tok"]
+    geometry = {"intermediate_size": sizes[0], "top_k": sizes[1]}
     problems = []
     for key, value in kernel_options.items():
         if key in geometry and value != geometry[key]:
@@ -280,14 +265,12 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
         elif key not in fields or key == "kernel_name":
             problems.append(f"{key}={value!r}: not a field of {cls.__name__}; fields: "
                             + ", ".join(sorted(fields - set(geometry) - {"kernel_name"})))
-        elif key in t.get("parameters", {}) and value != t["parameters"][key]:
-            problems.append(f"{key}={value!r}: the weights were converted with --param {key}={t['parameters'][key]}; "
+        elif key in t.parameters and value != t.parameters[key]:
+            problems.append(f"{key}={value!r}: the weights were converted with --param {key}={t.parameters[key]}; "
                             f"re-convert with --param {key}={value} to change it")
     if problems:
         raise IncompatibleTargetError(problems)
-    kw = {**t.get("parameters", {}), **kernel_options}
-    kw.update({k: v for k, v in geometry.items() if k in fields})
-    return cls(**kw)
+    return build_kernel_config(cls, sizes, t.parameters, kernel_options)
 
 
 def mega_config(out_dir: str | Path | Manifest, layer: str, rank: int = 0, device: str = "cuda", **kernel_options):
@@ -295,7 +278,7 @@ def mega_config(out_dir: str | Path | Manifest, layer: str, rank: int = 0, devic
     transformed_weights=<block `layer`, EP rank `rank`, read onto `device`>)`."""
     import flashinfer.moe_ep as me
 
-    m = _manifest(out_dir)
+    m = as_manifest(out_dir)
     cfg = kernel_config(m, **kernel_options)
     weights = load_transformed_weights(m, layer, rank, device)
     return me.MegaConfig(megakernel=cfg, preprocess_weights=False, transformed_weights=weights)

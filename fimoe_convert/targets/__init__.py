@@ -8,18 +8,18 @@ import importlib
 
 from ..checkpoint import ModelSpec
 from ..kernels import KERNELS, Kernel, get_kernel
+from .families import family
 from .rules import TargetOptions, availability, target_record, validate
 
-_FAMILIES = {"bf16": "bf16:Bf16Target", "fp8_block": "fp8_block:Fp8BlockTarget",
+_CONVERTERS = {"bf16": "bf16:Bf16Target", "fp8_block": "fp8_block:Fp8BlockTarget",
              "megamoe": "megamoe:MegaMoeTarget", "moe_ep": "moe_ep:MoeEpTarget"}
 
 
-def make_target(kernel: Kernel | str, model: ModelSpec, opts: TargetOptions):
-    """The converter for `kernel` (a row of the table, or a name or alias), made for `model` and `opts`."""
-    if isinstance(kernel, str):
-        kernel = get_kernel(kernel)
-    module, cls = _FAMILIES[kernel.family].split(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(kernel, model, opts)
+def make_target(kernel: Kernel, model: ModelSpec, target_options: TargetOptions):
+    """The converter for `kernel` (a row of the table: `get_kernel(name)`), made for `model` and the options."""
+    module, cls = _CONVERTERS[kernel.family].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(kernel, model, target_options)
 
 
-__all__ = ["KERNELS", "Kernel", "TargetOptions", "availability", "get_kernel", "make_target", "target_record", "validate"]
+__all__ = ["KERNELS", "Kernel", "TargetOptions", "availability", "family", "get_kernel", "make_target", "target_record",
+           "validate"]

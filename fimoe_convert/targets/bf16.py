@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, ModelSpec, fp8_linears, leg_shape
+from ..checkpoint import EXPERT_LEGS, ModelSpec, expert_name, fp8_linears, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
 from .base import OutputPool, Target, check_scales, to_host
@@ -28,10 +28,10 @@ class Bf16Target(Target):
         for block in self.model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
                 for j in range(lo, hi):
-                    prefix = f"{block}.ffn.experts.{j}"
-                    outs = tuple(OutTensor(f"{prefix}.{leg}.weight", "BF16", leg_shape(self.model, leg), prefix,
-                                           rank if self.opts.ep_size > 1 else None) for leg in EXPERT_LEGS)
-                    ins = tuple(f"{prefix}.{leg}.{kind}" for leg in EXPERT_LEGS for kind in ("weight", "scale"))
+                    prefix = expert_name(block, j)
+                    outs = tuple(OutTensor(expert_name(block, j, leg, "weight"), "BF16", leg_shape(self.model, leg),
+                                           prefix, rank if self.opts.ep_size > 1 else None) for leg in EXPERT_LEGS)
+                    ins = tuple(expert_name(block, j, leg, kind) for leg in EXPERT_LEGS for kind in ("weight", "scale"))
                     units.append(Unit(prefix, block, rank, (j, j + 1), ins, outs))
         return units
 

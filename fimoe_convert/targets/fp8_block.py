@@ -22,7 +22,7 @@ from typing import Iterable
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, ModelSpec, fp8_linears, leg_shape, natural_key
+from ..checkpoint import EXPERT_LEGS, ModelSpec, expert_name, fp8_linears, leg_shape, natural_key
 from ..dtypes import FP4_GROUP
 from ..errors import LossyRepackError
 from ..numerics.fp8 import EXACT_SPAN, e8m0_to_f32, fp4_to_fp8_block
@@ -76,13 +76,15 @@ class Fp8BlockTarget(Target):
         for block in model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
                 for j in range(lo, hi):
-                    prefix = f"{block}.ffn.experts.{j}"
+                    prefix = expert_name(block, j)
                     r = rank if self.opts.ep_size > 1 else None
                     outs = []
                     for leg in EXPERT_LEGS:
-                        outs.append(OutTensor(f"{prefix}.{leg}.weight", "F8_E4M3", leg_shape(model, leg), prefix, r))
-                        outs.append(OutTensor(f"{prefix}.{leg}.scale", sdt, tile_shape(model, leg), prefix, r))
-                    ins = tuple(f"{prefix}.{leg}.{kind}" for leg in EXPERT_LEGS for kind in ("weight", "scale"))
+                        outs.append(OutTensor(expert_name(block, j, leg, "weight"), "F8_E4M3", leg_shape(model, leg),
+                                              prefix, r))
+                        outs.append(OutTensor(expert_name(block, j, leg, "scale"), sdt, tile_shape(model, leg),
+                                              prefix, r))
+                    ins = tuple(expert_name(block, j, leg, kind) for leg in EXPERT_LEGS for kind in ("weight", "scale"))
                     units.append(Unit(prefix, block, rank, (j, j + 1), ins, tuple(outs)))
         return units
 

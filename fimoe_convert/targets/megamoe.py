@@ -13,6 +13,7 @@ from typing import Iterable
 
 import torch
 
+from ..checkpoint import expert_name
 from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
@@ -107,7 +108,7 @@ class MegaMoeTarget(Target):
                         key = f"{pre}.{leg}.{a}-{b}"
                         outs = (OutTensor(f"{pre}.{leg}.weight", "U8", (b - a, *shape), key, rank),
                                 OutTensor(f"{pre}.{leg}.weight_global_scale", "F32", (b - a,), key, rank))
-                        ins = tuple(f"{block}.ffn.experts.{j}.{w}.{kind}" for j in range(a, b)
+                        ins = tuple(expert_name(block, j, w, kind) for j in range(a, b)
                                     for w in LEG_SOURCES[leg] for kind in ("weight", "scale"))
                         units.append(Unit(key, block, rank, (a, b), ins, outs, leg))
         return units
@@ -130,7 +131,7 @@ class MegaMoeTarget(Target):
         check_scales(inputs)
 
         def stack(kind):
-            per_source = [torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{w}.{kind}"].view(torch.uint8)
+            per_source = [torch.stack([inputs[expert_name(unit.block, j, w, kind)].view(torch.uint8)
                                        .to(device, non_blocking=True) for j in range(lo, hi)])
                           for w in LEG_SOURCES[leg]]
             return per_source[0] if len(per_source) == 1 else torch.cat(per_source, dim=1)

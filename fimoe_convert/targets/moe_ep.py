@@ -14,12 +14,13 @@ import functools
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, ModelSpec
+from ..checkpoint import EXPERT_LEGS, ModelSpec, expert_name
 from ..dtypes import st_dtype, tensor_nbytes
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..numerics.structure import flatten
 from ..plan import OutTensor, Unit
 from .base import Target, check_scales, kernel_target_config, prefix, to_host
+from .families import kernel_config
 
 PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
 UNIT_BYTES = 64 << 20  # output bytes per unit (a chunk of one rank's experts) when the converter gives none
@@ -44,13 +45,7 @@ class MoeEpTarget(Target):
 
     def kernel_config(self, model: ModelSpec):
         cls = getattr(_moe_ep(), self.kernel.config_class)
-        fields = {f.name for f in dataclasses.fields(cls) if f.init}
-        kw = dict(self.opts.params)
-        if "intermediate_size" in fields:
-            kw["intermediate_size"] = model.moe_intermediate_size
-        if "top_k" in fields:
-            kw["top_k"] = model.num_experts_per_tok
-        return cls(**kw)
+        return kernel_config(cls, (model.moe_intermediate_size, model.num_experts_per_tok), self.opts.params)
 
     def preprocess(self, model: ModelSpec, pack_tensors: tuple, n_experts: int):
         me = _moe_ep()
@@ -121,7 +116,7 @@ class MoeEpTarget(Target):
                     b = min(hi, a + step)
                     key = pre if (a, b) == (lo, hi) else f"{pre}.{a}-{b}"
                     outs = tuple(OutTensor(k, d, s, key, rank) for k, (d, s) in self.planned(b - a, pre)[1].items())
-                    ins = tuple(f"{block}.ffn.experts.{j}.{leg}.{kind}" for j in range(a, b)
+                    ins = tuple(expert_name(block, j, leg, kind) for j in range(a, b)
                                 for leg in EXPERT_LEGS for kind in ("weight", "scale"))
                     units.append(Unit(key, block, rank, (a, b), ins, outs))
         return units
@@ -133,7 +128,7 @@ class MoeEpTarget(Target):
         lo, hi = unit.experts
 
         def stack(leg, kind):
-            return torch.stack([inputs[f"{unit.block}.ffn.experts.{j}.{leg}.{kind}"] for j in range(lo, hi)])
+            return torch.stack([inputs[expert_name(unit.block, j, leg, kind)] for j in range(lo, hi)])
 
         pack = self.build_pack(stack("w1", "weight"), stack("w3", "weight"), stack("w2", "weight"),
                                stack("w1", "scale"), stack("w3", "scale"), stack("w2", "scale"), self.model)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from .. import versions
 from ..checkpoint import ModelSpec
-from ..dtypes import FP4_GROUP
 from ..kernels import INSTALL, Kernel
+from .families import family
 
 
 @dataclass(frozen=True)
@@ -85,13 +85,7 @@ def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]
     if kernel.max_ep_size and (n > kernel.max_ep_size or n & (n - 1)):
         problems.append(f"--ep-size {n}: {kernel.name} runs on a power-of-two number of ranks up to "
                         f"{kernel.max_ep_size}")
-    if kernel.family == "fp8_block":
-        rows, cols = model.weight_block_size
-        if cols % FP4_GROUP:
-            problems.append(f"--target {kernel.name}: quantization_config.weight_block_size is [{rows}, {cols}]; the "
-                            f"columns must be a multiple of {FP4_GROUP} (one tile holds whole FP4 scale groups); "
-                            "use --target bf16")
-    return problems + check_params(kernel, opts.params)
+    return problems + family(kernel).validate(kernel, model) + check_params(kernel, opts.params)
 
 
 def check_params(kernel: Kernel, params: dict) -> list[str]:

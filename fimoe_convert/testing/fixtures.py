@@ -19,9 +19,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, VARIANTS, natural_key
+from ..checkpoint import EXPERT_LEGS, VARIANTS, expert_name, natural_key
 from ..dtypes import FP4_GROUP
-from ..files.safetensors import INDEX_NAME, PlannedTensor, ShardWriter, atomic_write_bytes, build_header
+from ..files.atomic import atomic_write_bytes
+from ..files.names import INDEX_NAME
+from ..files.st_header import PlannedTensor, build_header
+from ..files.st_writer import ShardWriter
 
 BLOCK = 128  # FP8 block size of attention and shared-expert weights
 HC = 4  # hyper-connection copies
@@ -59,7 +62,8 @@ class FixtureSpec:
 PRESETS: dict[str, FixtureSpec] = {
     "tiny": FixtureSpec(),
     # V4-Flash expert geometry with few experts and layers: 5 MoE blocks x 16 experts, ~4 GB of BF16 out.
-    "flash-geometry": FixtureSpec(hidden=VARIANTS["V4-Flash"].hidden_size, inter=VARIANTS["V4-Flash"].moe_intermediate_size,
+    "flash-geometry": FixtureSpec(hidden=VARIANTS["V4-Flash"].hidden_size,
+                                  inter=VARIANTS["V4-Flash"].moe_intermediate_size,
                                   experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
                                   vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
                                   extreme_scales=False),
@@ -123,59 +127,69 @@ def _config_block(spec: FixtureSpec) -> int:
     return BLOCK if spec.dialect == "v4" else 32
 
 
+def _fp8(t: dict, spec: FixtureSpec, name: str, out: int, inp: int) -> None:
+    """An FP8 linear: weight and its tile scales (E8M0 or F32)."""
+    lb = spec.linear_block or BLOCK
+    t[f"{name}.weight"] = ("fp8", (out, inp), None)
+    t[f"{name}.scale"] = ("e8m0" if spec.linear_scales == "e8m0" else "f32scale",
+                          (math.ceil(out / lb), math.ceil(inp / lb)), None)
+
+
+def _block(t: dict, spec: FixtureSpec, prefix: str, hashed: bool, compressor: bool) -> None:
+    """One transformer block's tensors (attention, router, shared and routed experts), in checkpoint order."""
+    h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
+    eb = _config_block(spec)
+    t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
+    t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
+    for part in ("attn", "ffn"):
+        t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
+        t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
+        t[f"{prefix}.hc_{part}_scale"] = ("f32", (3,), None)
+    a = f"{prefix}.attn"
+    _fp8(t, spec, f"{a}.wq_a", spec.q_lora, h)
+    t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
+    _fp8(t, spec, f"{a}.wq_b", spec.heads * spec.head_dim, spec.q_lora)
+    _fp8(t, spec, f"{a}.wkv", spec.head_dim, h)
+    t[f"{a}.kv_norm.weight"] = ("bf16", (spec.head_dim,), None)
+    _fp8(t, spec, f"{a}.wo_a", spec.o_lora, spec.heads * spec.head_dim)
+    _fp8(t, spec, f"{a}.wo_b", h, spec.o_lora)
+    t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
+    if compressor:
+        t[f"{a}.compressor.wkv.weight"] = ("bf16", (2 * spec.head_dim, h), None)
+        t[f"{a}.compressor.wgate.weight"] = ("bf16", (2 * spec.head_dim, h), None)
+        t[f"{a}.compressor.ape"] = ("f32", (4, 2 * spec.head_dim), None)
+        t[f"{a}.compressor.norm.weight"] = ("bf16", (spec.head_dim,), None)
+    f = f"{prefix}.ffn"
+    t[f"{f}.gate.weight"] = ("bf16", (e, h), None)
+    if hashed:
+        t[f"{f}.gate.tid2eid"] = ("tid2eid", (v, spec.top_k), None)
+    else:
+        t[f"{f}.gate.bias"] = ("f32", (e,), None)
+    _fp8(t, spec, f"{f}.shared_experts.w1", i, h)
+    _fp8(t, spec, f"{f}.shared_experts.w3", i, h)
+    _fp8(t, spec, f"{f}.shared_experts.w2", h, i)
+    for j in range(e):
+        for leg in EXPERT_LEGS:
+            out, inp = (h, i) if leg == "w2" else (i, h)
+            name = f"{f}.experts.{j}.{leg}"
+            if spec.expert_dtype == "fp4":
+                t[f"{name}.weight"] = ("fp4", (out, inp // 2), None)
+                t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
+            else:
+                t[f"{name}.weight"] = ("fp8", (out, inp), None)
+                t[f"{name}.scale"] = ("f32scale", (math.ceil(out / eb), math.ceil(inp / eb)), None)
+
+
 def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
     """name -> (kind, shape, extra); data is made on demand by `_make`."""
-    h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
+    h, v = spec.hidden, spec.vocab
     t: dict[str, tuple] = {}
 
-    lb = spec.linear_block or BLOCK
-    eb = _config_block(spec)
-
     def fp8(name, out, inp):
-        t[f"{name}.weight"] = ("fp8", (out, inp), None)
-        t[f"{name}.scale"] = ("e8m0" if spec.linear_scales == "e8m0" else "f32scale",
-                              (math.ceil(out / lb), math.ceil(inp / lb)), None)
+        _fp8(t, spec, name, out, inp)
 
     def block(prefix, hashed, compressor):
-        t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
-        t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
-        for part in ("attn", "ffn"):
-            t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
-            t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
-            t[f"{prefix}.hc_{part}_scale"] = ("f32", (3,), None)
-        a = f"{prefix}.attn"
-        fp8(f"{a}.wq_a", spec.q_lora, h)
-        t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
-        fp8(f"{a}.wq_b", spec.heads * spec.head_dim, spec.q_lora)
-        fp8(f"{a}.wkv", spec.head_dim, h)
-        t[f"{a}.kv_norm.weight"] = ("bf16", (spec.head_dim,), None)
-        fp8(f"{a}.wo_a", spec.o_lora, spec.heads * spec.head_dim)
-        fp8(f"{a}.wo_b", h, spec.o_lora)
-        t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
-        if compressor:
-            t[f"{a}.compressor.wkv.weight"] = ("bf16", (2 * spec.head_dim, h), None)
-            t[f"{a}.compressor.wgate.weight"] = ("bf16", (2 * spec.head_dim, h), None)
-            t[f"{a}.compressor.ape"] = ("f32", (4, 2 * spec.head_dim), None)
-            t[f"{a}.compressor.norm.weight"] = ("bf16", (spec.head_dim,), None)
-        f = f"{prefix}.ffn"
-        t[f"{f}.gate.weight"] = ("bf16", (e, h), None)
-        if hashed:
-            t[f"{f}.gate.tid2eid"] = ("tid2eid", (v, spec.top_k), None)
-        else:
-            t[f"{f}.gate.bias"] = ("f32", (e,), None)
-        fp8(f"{f}.shared_experts.w1", i, h)
-        fp8(f"{f}.shared_experts.w3", i, h)
-        fp8(f"{f}.shared_experts.w2", h, i)
-        for j in range(e):
-            for leg in EXPERT_LEGS:
-                out, inp = (h, i) if leg == "w2" else (i, h)
-                name = f"{f}.experts.{j}.{leg}"
-                if spec.expert_dtype == "fp4":
-                    t[f"{name}.weight"] = ("fp4", (out, inp // 2), None)
-                    t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
-                else:
-                    t[f"{name}.weight"] = ("fp8", (out, inp), None)
-                    t[f"{name}.scale"] = ("f32scale", (math.ceil(out / eb), math.ceil(inp / eb)), None)
+        _block(t, spec, prefix, hashed, compressor)
 
     t["embed.weight"] = ("bf16", (v, h), None)
     for li in range(spec.layers):
@@ -317,7 +331,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
             acc = 0
         groups[-1].append(n)
         acc += size
-    cut = f"layers.{min(1, spec.layers - 1)}.ffn.experts.{spec.experts // 2}.w1.weight"
+    cut = expert_name(f"layers.{min(1, spec.layers - 1)}", spec.experts // 2, "w1", "weight")
     for k, group in enumerate(groups):
         if cut in group and group.index(cut) > 0:
             at = group.index(cut)
@@ -352,7 +366,8 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
     return out
 
 
-def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, commit: str = "c0ffee" * 6 + "c0ff") -> Path:
+def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str,
+                   commit: str = "c0ffee" * 6 + "c0ff") -> Path:
     """Lay `ckpt_dir` out as a Hugging Face cache entry (blobs named by sha256, snapshot links, refs/main),
     so the real huggingface_hub code resolves `repo_id` offline. Returns the snapshot folder."""
     import hashlib

@@ -1,7 +1,7 @@
 """A tiny random DeepSeek V4 made by transformers' own classes (`DeepseekV4Config`, `DeepseekV4ForCausalLM`), written
 in DeepSeek's release format, and its logits as transformers computes them: the real client the outputs of the
-dense targets are checked against (tests/engines/test_engines_transformers.py). Needs transformers >= 5.24 and accelerate
-(the `test` extra); both are imported inside the functions.
+dense targets are checked against (tests/engines/test_engines_transformers.py). Needs transformers >= 5.24 and
+accelerate (the `test` extra); both are imported inside the functions.
 
 Release format (what deepseek-ai/DeepSeek-V4-Flash ships; no `model.` prefix):
   embed.weight, head.weight, norm.weight                      BF16
@@ -28,7 +28,7 @@ import torch
 
 from ..checkpoint import natural_key
 from ..dtypes import FP4_GROUP
-from ..files.safetensors import INDEX_NAME
+from ..files.names import INDEX_NAME
 
 BLOCK = 128  # FP8 tile of the dense linears (quantization_config.weight_block_size)
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

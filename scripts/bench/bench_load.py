@@ -59,7 +59,7 @@ def main() -> None:
     from fimoe_convert.convert import convert
     from fimoe_convert.runtime import load_transformed_weights
     from fimoe_convert.files.source import open_source
-    from fimoe_convert.targets import TargetOptions, make_target
+    from fimoe_convert.targets import TargetOptions, get_kernel, make_target
     from fimoe_convert.testing import make_checkpoint
 
     work = Path(args.work)
@@ -78,7 +78,7 @@ def main() -> None:
         from fimoe_convert.targets.megamoe import STRUCTURE, prefix
 
         whole = TargetOptions(device=args.device, unit_bytes=1 << 62)  # one unit per leg: all of the rank's experts
-        tgt = make_target(args.target, model, whole)
+        tgt = make_target(get_kernel(args.target), model, whole)
         got = {}
         for unit in (u for u in tgt.units() if u.block == layer and u.rank == 0):
             got.update(tgt.transform(unit, {n: source.read(n) for n in unit.inputs}))
@@ -95,7 +95,7 @@ def main() -> None:
                 s = source.read(f"{layer}.ffn.experts.{j}.{leg}.scale").to(args.device)
                 legs[leg].append(seed_dequant(w, s))
         w13 = torch.cat([torch.stack(legs["w1"]), torch.stack(legs["w3"])], dim=1)
-        tgt = make_target(args.target, model, TargetOptions(device=args.device))
+        tgt = make_target(get_kernel(args.target), model, TargetOptions(device=args.device))
         return tgt.preprocess(model, (w13, torch.stack(legs["w2"])), model.n_routed_experts)
 
     def shim_path():

@@ -3,7 +3,7 @@ one run: each command is run --runs times in a fresh process, alternating, and t
 
     python3 scripts/bench/bench_startup.py [--runs 7] [--json FILE]
 
-Goal (issue 18): `--help`, `targets` and `inspect` within 2x of the floor. `inspect` reads a tiny fixture's headers."""
+Goal: `--help`, `targets` and `inspect` within 2x of the floor. `inspect` reads a tiny fixture's headers."""
 
 from __future__ import annotations
 

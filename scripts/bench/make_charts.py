@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Draw the documentation's charts from the benchmarks' JSON under evidence/, and two diagrams.
+"""Draw the documentation's charts from the benchmarks' JSON under benchmarks/results/, and two diagrams.
 
     pip install matplotlib          # not a dependency of fimoe-convert; only this script needs it
-    python3 scripts/bench/make_charts.py [--evidence evidence] [--out docs/img] [--no-docs]
+    python3 scripts/bench/make_charts.py [--results benchmarks/results] [--out docs/img] [--no-docs]
 
 Reads (every file is optional; a chart whose data is missing is skipped, with a line saying so):
-    evidence/2026-11-29-{convert,load,memory,decode}.jsonl   transcribed from the 2026-11-29 logs (H200 and CPU)
-    evidence/cpu/2026-12-01-convert.jsonl                    scripts/bench/bench_convert.py --json
-    evidence/cpu/2026-12-01-{memory,decode,startup}.json     bench_memory.py / bench_decode.py / bench_startup.py --json
-    evidence/cpu/2026-12-01-peers.json                       bench_peers.py's final table
-    evidence/h200/2026-12-01-issue19*.jsonl                  bench_convert.py --json on the H200 at V4 geometry
+    benchmarks/results/2026-11-29-{convert,load,memory,decode}.jsonl   transcribed from the 2026-11-29 logs (H200 and CPU)
+    benchmarks/results/cpu/2026-12-01-convert.jsonl                    scripts/bench/bench_convert.py --json
+    benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json     bench_memory.py / bench_decode.py / bench_startup.py --json
+    benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
+    benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl                  bench_convert.py --json on the H200 at V4 geometry
     docs/img/terminal-convert.txt                            a tmux capture-pane of a conversion in progress
 Writes docs/img/*.png, and (unless --no-docs) the table between the `h200-v4-geometry` markers in
-docs/PERFORMANCE.md, from the issue-19 files ("not yet measured" when there are none).
+docs/PERFORMANCE.md, from the V4-geometry files ("not yet measured" when there are none).
 Every chart's title says what was measured, where and when; axes carry units."""
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ def jsonf(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def issue19(ev: Path) -> list[dict]:
+def v4_geometry(ev: Path) -> list[dict]:
     rows = []
-    for p in sorted(glob.glob(str(ev / "h200" / "2026-12-01-issue19*.jsonl"))):
+    for p in sorted(glob.glob(str(ev / "h200" / "2026-12-01-v4-geometry*.jsonl"))):
         for r in jsonl(Path(p)):
-            rows.append(dict(r, _file=str(Path(p).relative_to(ev.parent))))
+            rows.append(dict(r, _file=str(Path(p).resolve().relative_to(REPO))))
     return rows
 
 
@@ -85,7 +85,7 @@ def skip(name: str, why: str) -> None:
 def chart_load(ev: Path, out: Path, made: list[str]) -> None:
     rows = jsonl(ev / "2026-11-29-load.jsonl")
     if not rows:
-        return skip("load-time.png", "no evidence/2026-11-29-load.jsonl")
+        return skip("load-time.png", "no benchmarks/results/2026-11-29-load.jsonl")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((machine_label(r), r["target"], r["experts"]), []).append(r)
@@ -107,7 +107,7 @@ def chart_load(ev: Path, out: Path, made: list[str]) -> None:
                   fontsize=9.5)
     ax.set_ylabel("seconds to load one MoE layer (log scale, median of runs)")
     ax.set_title("Load time of one MoE layer (H=4096, I=2048): today's load-time path vs the converted output\n"
-                 "2026-11-29, this 2-core CPU and the lent H200 (scripts/bench/bench_load.py); label: speed-up")
+                 "2026-11-29, a 2-core CPU and an H200 host (scripts/bench/bench_load.py); label: speed-up")
     ax.legend(loc="upper right")
     save(fig, out, "load-time.png", made)
 
@@ -145,7 +145,7 @@ def chart_convert(ev: Path, out: Path, made: list[str]) -> None:
     ax.set_xlabel("seconds (one run each; the latest run of every configuration)")
     ax.set_xlim(right=max(max(r["wall_s"], r["floor_s"]) for r in rows) * 1.55)
     ax.set_title("Conversion time against the disk floor (flash-geometry fixtures: H=4096, I=2048, 16 experts a layer)\n"
-                 "lent H200 host 2026-11-29; this 2-core CPU 2026-11-29 (load ~0) and 2026-12-01 (load ~5)")
+                 "H200 host 2026-11-29; a 2-core CPU 2026-11-29 (load ~0) and 2026-12-01 (load ~5)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.06 * 12 / len(rows)), ncol=2, fontsize=9)
     save(fig, out, "convert-floor.png", made)
 
@@ -174,7 +174,7 @@ def chart_memory(ev: Path, out: Path, made: list[str]) -> None:
     ax.set_ylim(0, 3.5)
     ax.set_ylabel("peak RSS of the conversion, GiB (median of 3 runs)")
     ax.set_title("Peak memory stays flat as the model grows (bf16, flash-geometry, 8 experts a layer)\n"
-                 "scripts/bench/bench_memory.py: this 2-core CPU and the lent H200 host")
+                 "scripts/bench/bench_memory.py: a 2-core CPU and an H200 host")
     ax.legend(loc="center right", fontsize=9)
     save(fig, out, "memory.png", made)
 
@@ -216,7 +216,7 @@ def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
     a2.set_xticks(range(len(cpu)), [c[0] for c in cpu])
     a2.set_ylim(0, max(row[k] for _, row in cpu for k in ("seed_gbps", "ours_gbps", "ours_out_gbps")) * 1.45)
     a2.set_ylabel("GB/s (bytes read + written)")
-    a2.set_title("this 2-core CPU: 8 matrices 2048x4096\n(bit-exact vs the seed)")
+    a2.set_title("a 2-core CPU: 8 matrices 2048x4096\n(bit-exact vs the seed)")
     a2.legend(loc="upper right", fontsize=9)
     fig.suptitle("FP4 + E8M0 -> BF16 decode bandwidth (scripts/bench/bench_decode.py)", weight="bold", y=1.02)
     save(fig, out, "decode.png", made)
@@ -225,7 +225,7 @@ def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
 def chart_startup(ev: Path, out: Path, made: list[str]) -> None:
     s = jsonf(ev / "cpu" / "2026-12-01-startup.json")
     if not s:
-        return skip("startup.png", "no evidence/cpu/2026-12-01-startup.json")
+        return skip("startup.png", "no benchmarks/results/cpu/2026-12-01-startup.json")
     names = list(s["rows"])
     ms = [s["rows"][n]["median_s"] * 1000 for n in names]
     fig, ax = plt.subplots(figsize=(9, 4.6))
@@ -240,14 +240,14 @@ def chart_startup(ev: Path, out: Path, made: list[str]) -> None:
     ax.set_ylabel(f"wall time, ms (median of {s['runs']} runs)")
     load = f", load average {s['loadavg'][0]:.1f}" if "loadavg" in s else ""
     ax.set_title("Start-up of the light commands vs `import click` (scripts/bench/bench_startup.py)\n"
-                 f"this {s.get('cores', 2)}-core CPU, {s.get('date', '2026-12-01')}{load}")
+                 f"a {s.get('cores', 2)}-core CPU, {s.get('date', '2026-12-01')}{load}")
     save(fig, out, "startup.png", made)
 
 
 def chart_peers(ev: Path, out: Path, made: list[str]) -> None:
     p = jsonf(ev / "cpu" / "2026-12-01-peers.json")
     if not p:
-        return skip("peers.png", "no evidence/cpu/2026-12-01-peers.json")
+        return skip("peers.png", "no benchmarks/results/cpu/2026-12-01-peers.json")
     rows = sorted(p["rows"], key=lambda r: (r["output"], r["median_s"]))
     names = [f"{r['command']}  [{r['output'].upper()}]" for r in rows]
     colors = [(FLOOR2 if "before" in r["command"] else OURS) if r["ours"] else PEER for r in rows]
@@ -277,9 +277,9 @@ def _fixture19(r: dict) -> str:
     return f"{r.get('preset', '')}, {experts} experts x {r.get('layers')} layers"
 
 
-def chart_issue19(rows: list[dict], out: Path, made: list[str]) -> None:
+def chart_v4_geometry(rows: list[dict], out: Path, made: list[str]) -> None:
     if not rows:
-        return skip("h200-v4-geometry.png", "no evidence/h200/2026-12-01-issue19*.jsonl (not yet measured)")
+        return skip("h200-v4-geometry.png", "no benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl (not yet measured)")
     fig, ax = plt.subplots(figsize=(12, 0.85 * len(rows) + 2.2))
     labels = [f"{r['target']}, {_fixture19(r)}\n{r['out_bytes'] / 1e9:.1f} GB out, "
               f"{r['out_bytes'] / r['wall_s'] / 1e9:.2f} GB/s written" for r in rows]
@@ -408,11 +408,11 @@ def render_terminal(txt: Path, png: Path, title: str, made: list[str]) -> None:
     print(f"wrote {png}")
 
 
-# The issue-19 table in docs/PERFORMANCE.md --------------------------------------------------------------------------
+# The V4-geometry table in docs/PERFORMANCE.md --------------------------------------------------------------------------
 
-def issue19_table(rows: list[dict]) -> str:
+def v4_geometry_table(rows: list[dict]) -> str:
     if not rows:
-        return ("**Not yet measured.** When `evidence/h200/2026-12-01-issue19*.jsonl` exists, "
+        return ("**Not yet measured.** When `benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl` exists, "
                 "`python3 scripts/bench/make_charts.py` fills this table and draws `docs/img/h200-v4-geometry.png`.")
     head = ("| target | fixture | out GB | CLI s | O_DIRECT floor s | ratio (CLI / floor) | convert() s | peak RSS GiB "
             "| peak GPU memory GiB | whole model, estimate | file |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
@@ -438,7 +438,7 @@ def update_docs(doc: Path, rows: list[dict]) -> None:
         return
     head, rest = text.split(MARK_BEGIN, 1)
     _, tail = rest.split(MARK_END, 1)
-    new = f"{head}{MARK_BEGIN}\n{issue19_table(rows)}\n{MARK_END}{tail}"
+    new = f"{head}{MARK_BEGIN}\n{v4_geometry_table(rows)}\n{MARK_END}{tail}"
     if new != text:
         doc.write_text(new)
         print(f"updated the h200-v4-geometry table in {doc}")
@@ -446,11 +446,11 @@ def update_docs(doc: Path, rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--evidence", default=str(REPO / "evidence"))
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--out", default=str(REPO / "docs" / "img"))
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the table in docs/PERFORMANCE.md")
     args = ap.parse_args()
-    ev, out = Path(args.evidence), Path(args.out)
+    ev, out = Path(args.results), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     made: list[str] = []
     chart_load(ev, out, made)
@@ -459,15 +459,15 @@ def main() -> None:
     chart_decode(ev, out, made)
     chart_startup(ev, out, made)
     chart_peers(ev, out, made)
-    rows19 = issue19(ev)
-    chart_issue19(rows19, out, made)
+    rows_v4 = v4_geometry(ev)
+    chart_v4_geometry(rows_v4, out, made)
     diagram_pipeline(out, made)
     diagram_ep(out, made)
     render_terminal(out / "terminal-convert.txt", out / "terminal-convert.png",
                     "tmux capture-pane -p: fimoe-convert --dry-run, then the conversion at 49% "
-                    "(2026-12-01, this 2-core CPU)", made)
+                    "(2026-12-01, a 2-core CPU)", made)
     if not args.no_docs:
-        update_docs(REPO / "docs" / "PERFORMANCE.md", rows19)
+        update_docs(REPO / "docs" / "PERFORMANCE.md", rows_v4)
     print(f"{len(made)} images: {', '.join(made)}")
 
 

@@ -64,7 +64,7 @@ else
         tar -C "$CACHE/rootfs.tmp" -cf "$CACHE/base/rootfs.tar.tmp" . && mv "$CACHE/base/rootfs.tar.tmp" "$CACHE/base/rootfs.tar"
         rm -rf "$CACHE/rootfs.tmp"
     fi
-    # The host's CA bundle goes into the base: TLS to PyPI from here passes a proxy only it trusts.
+    # The host's CA bundle goes into the base: behind a TLS-intercepting proxy, only it has the proxy CA.
     cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$CACHE/base/ca-certificates.crt" \
         || die "no CA bundle at ${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}; expected the one this host's pip trusts; set SSL_CERT_FILE"
     "${B[@]}" bud --layers -f "$REPO/scripts/prebake/base.Containerfile" -t "$BASE" "$CACHE/base"

@@ -172,7 +172,7 @@ def check_torn(out: Path) -> tuple[bool, bool, bool, list[str], dict | None]:
     from click.testing import CliRunner
 
     from fimoe_convert.cli import main
-    from fimoe_convert.files.safetensors import sha256_file
+    from fimoe_convert.files.hashing import sha256_file
 
     problems: list[str] = []
     manifest = None

@@ -162,9 +162,9 @@ def _index(fx: Fixture, raw: bytes):
 
 def _manifest(fx: Fixture, raw: bytes):
     from fimoe_convert.errors import InputError
-    from fimoe_convert.files.output import earlier_files, read_manifest, verify_files
+    from fimoe_convert.files.manifest import read_manifest
+    from fimoe_convert.files.output import earlier_files, verify_files
     from fimoe_convert.resume import same_inputs
-    from fimoe_convert.runtime.loader import Manifest
 
     path = fx.work_out / "fimoe-manifest.json"
     path.write_bytes(raw)
@@ -182,7 +182,7 @@ def _manifest(fx: Fixture, raw: bytes):
         res = verify_files(fx.work_out, m)
         assert all(isinstance(p, str) and "\n" not in p for p in res.problems), res.problems
         try:
-            Manifest(fx.work_out, m).block("layers.0", 0)
+            m.layer_record("layers.0", 0)
         except InputError:
             pass
         same_inputs(fx.work_out, m, fx.source)
@@ -192,7 +192,7 @@ def _manifest(fx: Fixture, raw: bytes):
 
 
 def _status(fx: Fixture, raw: bytes):
-    from fimoe_convert.files.output import read_rank_status
+    from fimoe_convert.files.manifest import read_rank_status
 
     path = fx.work_out / "fimoe-status.rank0.json"
     path.write_bytes(raw)

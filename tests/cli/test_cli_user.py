@@ -208,9 +208,12 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
     root = Path(__file__).resolve().parents[2]
     blocks = re.findall(r"^```\n(.*?)\n```", (root / "README.md").read_text(), re.S | re.M)
     demo, suite = blocks[0], blocks[1]
-    assert demo.endswith("fimoe-convert demo") and suite.endswith("python3 -m pytest -q"), blocks[:2]
+    assert demo.endswith("\nfimoe-convert demo") and suite.endswith("\npython3 -m pytest -q"), blocks[:2]
+    for block in (demo, suite):  # CPU torch first, so that pip never pulls the CUDA build
+        assert "python3 -m pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu\n" in block
     ci = [line for line in (root / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
-    assert suite in ci and demo in ci and ci.index(suite) < ci.index(demo), ci
+    body = "\n".join(ci[ci.index("set -euo pipefail") + 2:])  # after `set` and `cd`: the README's lines only
+    assert body == f"{suite}\n{demo}", body
 
 
 @pytest.mark.parametrize("args, label", [

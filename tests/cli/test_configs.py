@@ -71,8 +71,8 @@ def test_flags_given_override_the_preset(tiny_ckpt, tmp_path):
 
 @pytest.mark.parametrize("text, match", [
     ('target = "bf16"\ncolour = "red"\n', r"unknown key 'colour'; expected some of model, target"),
-    ('ep_size = "8"\n', r"ep_size is '8'; expected a int"),
-    ('[params]\nscale_dtype = 3\n', r"params is \{'scale_dtype': 3\}; expected a dict of strings"),
+    ('model = 4\n', r"model is 4; expected a string"),
+    ('[params]\nscale_dtype = 3\n', r"params is \{'scale_dtype': 3\}; expected a table of strings"),
     ('target = \n', r"not valid TOML"),
 ])
 def test_a_bad_preset_names_the_file_and_the_key(tmp_path, text, match):
@@ -80,3 +80,37 @@ def test_a_bad_preset_names_the_file_and_the_key(tmp_path, text, match):
     path.write_text(text)
     with pytest.raises(UsageError, match=rf"--config {re.escape(str(path))}: .*{match}"):
         load_preset(path)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('ep_size = "eight"\n', r"ep_size is 'eight': 'eight' is not a valid integer; correct it in the file "
+                            r"\(or give --ep-size"),
+    ('device = "tpu"\n', r"device is 'tpu': 'tpu' is not one of 'auto', 'cpu', 'cuda'"),
+    ('writers = [2]\n', r"writers is \[2\]: int\(\) argument must be"),
+])
+def test_a_preset_value_the_flag_refuses_names_the_file_and_the_key(tiny_ckpt, tmp_path, text, match):
+    """The preset's values are converted by the flags' own types (click's default_map), exit 2."""
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--config", str(path),
+                                  "--dry-run"])
+    assert r.exit_code == 2, r.output
+    assert re.search(rf"^error: --config {re.escape(str(path))}: {match}", r.output), r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_preset_values_become_the_flags_defaults(tiny_ckpt, tmp_path):
+    """A preset plans as its flags typed out do; a flag given on the command line wins over the preset's."""
+    path = tmp_path / "p.toml"
+    path.write_text('target = "fp8_block"\nshard_size = "300KB"\n')
+
+    def plan(*args):
+        r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), *args, "--dry-run", "--json"])
+        assert r.exit_code == 0, r.output
+        res = json.loads(r.output)
+        return res["target"], res["plan"]
+
+    assert plan("--config", str(path)) == plan("--target", "fp8_block", "--shard-size", "300KB")
+    assert (plan("--config", str(path), "--shard-size", "100KB")
+            == plan("--target", "fp8_block", "--shard-size", "100KB"))
+    assert plan("--shard-size", "100KB") != plan("--shard-size", "300KB")  # the sizes make different plans

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fimoe_convert.files.output import read_manifest
+from fimoe_convert.files.manifest import read_manifest
 from fimoe_convert.plan import assign_shards, plan_shards, OutTensor
 
 
@@ -58,7 +58,7 @@ def test_two_ranks_report_every_unit(tmp_path):
     subprocess.run([sys.executable, "-m", "fimoe_convert", str(src), str(one), "-q", *args], check=True)
     r = subprocess.run(torchrun(src, two, *args), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert read_manifest(two)["report"]["fp8_block"]["tensors"] == 2 * 4 * 3
+    assert read_manifest(two).report["fp8_block"]["tensors"] == 2 * 4 * 3
     assert folder(two) == folder(one)
 
 
@@ -75,7 +75,7 @@ def start_and_kill(src, out, kill) -> None:
         if proc.poll() is None:
             kill(proc)
         proc.wait(timeout=120)
-        if (out / "fimoe-manifest.json").exists() and read_manifest(out)["complete"] is False:
+        if (out / "fimoe-manifest.json").exists() and read_manifest(out).complete is False:
             return
     pytest.fail("the launch finished before it could be killed, 3 times")
 

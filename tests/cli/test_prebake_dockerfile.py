@@ -1,6 +1,6 @@
 """scripts/prebake/Dockerfile keeps its promises without being built: a small parser reads the
 instructions, `problems` lists every broken promise, and each mutation of the file is caught.
-The build itself: scripts/prebake/build_local.sh (buildah), evidence/prebake/."""
+The build itself: scripts/prebake/build_local.sh (buildah), benchmarks/results/prebake/."""
 
 import re
 import shlex

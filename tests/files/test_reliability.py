@@ -26,10 +26,10 @@ import pytest
 import test_source as damage
 from click.testing import CliRunner
 
-from fimoe_convert.files import safetensors as sio
+from fimoe_convert.files import atomic, names, st_header, st_writer
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
-from fimoe_convert.files.safetensors import parse_header
+from fimoe_convert.files.st_header import parse_header
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def assert_not_complete(out: Path) -> None:
     assert not (out / INDEX).exists(), "a failed conversion left an index (a complete-looking OUT)"
     if (out / MANIFEST).exists():
         assert json.loads((out / MANIFEST).read_text())["complete"] is False
-    assert not list(out.glob("*" + sio.TMP_SUFFIX)), list(out.iterdir())
+    assert not list(out.glob("*" + names.TMP_SUFFIX)), list(out.iterdir())
 
 
 PROGRESS_LINE = re.compile(r"^[A-Za-z ]+: [\d.]+ [kMGT]?B of [\d.]+ [kMGT]?B \(\d+%\)")  # console.Progress without a tty
@@ -191,7 +191,7 @@ def header_dtype_not_a_string(src):  # found by the fuzzer: TypeError (unhashabl
 def scale_byte_255(src):
     name = "layers.2.ffn.experts.5.w2.scale"
     shard = damage._shard_of(src, name)
-    info = sio.read_header(shard).tensors[name]
+    info = st_header.read_header(shard).tensors[name]
     data = bytearray(shard.read_bytes())
     data[info.start + 3] = 255
     shard.write_bytes(bytes(data))
@@ -311,14 +311,15 @@ def test_disk_full(tiny_ckpt, tmp_path, monkeypatch, victim, skip, budget, named
     def fake_open(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
         name = Path(path).name
-        if "w" in mode and name.endswith(sio.TMP_SUFFIX) and name.startswith(victim):
+        if "w" in mode and name.endswith(names.TMP_SUFFIX) and name.startswith(victim):
             if state["skip"]:
                 state["skip"] -= 1
                 return f
             return _FullDisk(f, state)
         return f
 
-    monkeypatch.setattr(sio, "open", fake_open, raising=False)
+    for module in (st_writer, atomic):  # shards; manifest and index
+        monkeypatch.setattr(module, "open", fake_open, raising=False)
     before = tree_hash(tiny_ckpt)
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, "--shard-size", "1MB", "-q")
@@ -342,9 +343,10 @@ def test_disk_full_in_one_of_three_writers(tiny_ckpt, tmp_path, monkeypatch):
     def fake_open(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
         name = Path(path).name
-        return _FullDisk(f, state) if "w" in mode and name.endswith(sio.TMP_SUFFIX) and name.startswith("model-") else f
+        return _FullDisk(f, state) if "w" in mode and name.endswith(names.TMP_SUFFIX) and name.startswith("model-") else f
 
-    monkeypatch.setattr(sio, "open", fake_open, raising=False)
+    for module in (st_writer, atomic):  # shards; manifest and index
+        monkeypatch.setattr(module, "open", fake_open, raising=False)
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--writers", "3", "-q")
     assert state["failed"]
@@ -570,7 +572,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
     source = open_source(str(src))
     files = source.input_files()
     hasher = hash_inputs(source, files, threads)
-    assert len(hasher.threads) == threads
+    assert hasher.workers == threads
     assert hasher.result() == {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in files}
     source = open_source(str(src))
     gone = sorted(p for p in files if p.endswith(".safetensors"))[0]

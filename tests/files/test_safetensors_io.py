@@ -9,10 +9,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from fimoe_convert.files import safetensors as sio
-from fimoe_convert.files.safetensors import IO_BLOCK, PlannedTensor, write_file
+from fimoe_convert.budget import IO_BLOCK
+from fimoe_convert.errors import InputError
+from fimoe_convert.files import st_reader, st_writer
+from fimoe_convert.files.names import TMP_SUFFIX
+from fimoe_convert.files.st_header import PlannedTensor, read_header
+from fimoe_convert.files.st_writer import write_file
 
-SIZES = [0, 1, sio.DIRECT_ALIGN - 1, sio.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5, 3 * IO_BLOCK + 4097]
+SIZES = [0, 1, st_writer.DIRECT_ALIGN - 1, st_writer.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5, 3 * IO_BLOCK + 4097]
 
 
 def _tensors(nbytes: int) -> list[tuple[PlannedTensor, torch.Tensor]]:
@@ -36,7 +40,7 @@ def test_direct_and_buffered_write_the_same_file(tmp_path, monkeypatch, nbytes):
     with safe_open(tmp_path / "direct.safetensors", "pt") as f:
         assert torch.equal(f.get_tensor("big"), tensors[0][1])
         assert torch.equal(f.get_tensor("small"), tensors[1][1])
-    assert not list(tmp_path.glob("*" + sio.TMP_SUFFIX))
+    assert not list(tmp_path.glob("*" + TMP_SUFFIX))
 
 
 def test_opener_uses_o_direct_where_the_file_system_takes_it(tmp_path):
@@ -47,8 +51,8 @@ def test_opener_uses_o_direct_where_the_file_system_takes_it(tmp_path):
         os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o666))
     except OSError:
         pytest.skip(f"{tmp_path} does not take O_DIRECT")
-    with open(tmp_path / "x", "wb", buffering=0, opener=sio._direct_opener) as f:
-        assert sio._is_direct(f)
+    with open(tmp_path / "x", "wb", buffering=0, opener=st_writer._direct_opener) as f:
+        assert st_writer._is_direct(f)
 
 
 def test_read_tensors_matches_safe_open(tmp_path):
@@ -59,14 +63,14 @@ def test_read_tensors_matches_safe_open(tmp_path):
         (PlannedTensor("odd", "U8", (3,)), torch.tensor([1, 2, 3], dtype=torch.uint8)),
         (PlannedTensor("f32", "F32", (2, 3)), torch.randn(2, 3, generator=g)),
         (PlannedTensor("bf16", "BF16", (5,)), torch.randn(5, generator=g).to(torch.bfloat16)),
-        (PlannedTensor("big", "I8", (sio.READ_CHUNK * 2 + 7,)),
-         torch.randint(-128, 128, (sio.READ_CHUNK * 2 + 7,), dtype=torch.int8, generator=g)),
+        (PlannedTensor("big", "I8", (st_reader.READ_CHUNK * 2 + 7,)),
+         torch.randint(-128, 128, (st_reader.READ_CHUNK * 2 + 7,), dtype=torch.int8, generator=g)),
         (PlannedTensor("empty", "F32", (0, 4)), torch.empty(0, 4)),
     ]
     path = tmp_path / "t.safetensors"
     write_file(path, tensors)
     names = ["big", "bf16", "odd", "f32", "empty"]
-    got = sio.read_tensors(path, names)
+    got = st_reader.read_tensors(path, names)
     assert list(got) == names
     with safe_open(path, "pt") as f:
         for n in names:
@@ -77,9 +81,9 @@ def test_read_tensors_matches_safe_open(tmp_path):
 def test_read_tensors_names_a_missing_tensor(tmp_path):
     path = tmp_path / "t.safetensors"
     write_file(path, _tensors(10))
-    with pytest.raises(sio.InputError, match=r"t\.safetensors: tensor 'nope' not found; the file and its index "
+    with pytest.raises(InputError, match=r"t\.safetensors: tensor 'nope' not found; the file and its index "
                                              r"disagree, convert again"):
-        sio.read_tensors(path, ["big", "nope"])
+        st_reader.read_tensors(path, ["big", "nope"])
 
 
 def test_a_tensor_cut_short_after_its_header_was_read_names_the_tensor_and_the_bytes(tmp_path):
@@ -87,9 +91,9 @@ def test_a_tensor_cut_short_after_its_header_was_read_names_the_tensor_and_the_b
     and how many of its bytes arrived."""
     path = tmp_path / "t.safetensors"
     write_file(path, _tensors(1000))
-    info = sio.read_header(path).tensors["big"]
+    info = read_header(path).tensors["big"]
     with open(path, "r+b") as f:
         f.truncate(info.start + 100)
-    with pytest.raises(sio.InputError, match=r"t\.safetensors: tensor 'big': file ended after 100 of 1000 bytes; "
+    with pytest.raises(InputError, match=r"t\.safetensors: tensor 'big': file ended after 100 of 1000 bytes; "
                                              r"it changed while being read or is truncated$"):
-        sio.read_bytes(path, info)
+        st_reader.read_bytes(path, info)

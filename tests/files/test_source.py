@@ -100,7 +100,8 @@ def tensor_in_two_shards(src):
     idx = _index(src)
     a, b = sorted(set(idx["weight_map"].values()))[:2]
     name = next(n for n, s in idx["weight_map"].items() if s == a)
-    from fimoe_convert.files.safetensors import PlannedTensor, read_header, write_file
+    from fimoe_convert.files.st_header import PlannedTensor, read_header
+    from fimoe_convert.files.st_writer import write_file
     import torch
     info = read_header(src / a).tensors[name]
     hb = read_header(src / b)
@@ -130,7 +131,8 @@ def missing_scale(src):
 
 
 def _drop_tensor(shard: Path, name: str) -> None:
-    from fimoe_convert.files.safetensors import PlannedTensor, read_header, write_file
+    from fimoe_convert.files.st_header import PlannedTensor, read_header
+    from fimoe_convert.files.st_writer import write_file
     h = read_header(shard)
     data = shard.read_bytes()
     write_file(shard, [(PlannedTensor(t.name, t.dtype, t.shape), data[t.start:t.end])

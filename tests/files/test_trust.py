@@ -24,10 +24,11 @@ import fimoe_convert.convert as conv_mod
 from fimoe_convert.checkpoint import check_counts, model_spec_from_config
 from fimoe_convert.convert import convert
 from fimoe_convert.errors import InputError, ValidationError
-from fimoe_convert.files import jsonfile, safetensors as sio
+from fimoe_convert.files import atomic, hashing, jsonfile, st_header, st_writer
 from fimoe_convert.files.jsonfile import Hex64, ListOf, MapOf, NonNeg, Nullable, Obj, OneOf, check, parse_json
 from fimoe_convert.files.lock import LOCK_NAME, OutLock
-from fimoe_convert.files.output import MANIFEST_NAME, read_manifest, read_output_tensors
+from fimoe_convert.files.manifest import MANIFEST_NAME, read_manifest
+from fimoe_convert.files.output import read_output_tensors
 from fimoe_convert.files.paths import name_problem
 from fimoe_convert.files.source import open_source
 from fimoe_convert.kernels import KERNELS
@@ -284,7 +285,7 @@ def bf16_copy(bf16_out_of, tmp_path) -> Path:
 def _name_outside(out: Path, victim: Path, rel: str) -> None:
     """The manifest of `out` lists `rel` (a name reaching `victim` outside OUT) with victim's true size and hash."""
     edit_json(out / MANIFEST_NAME, lambda m: (m["files"].update({rel: {"size": victim.stat().st_size,
-                                                                      "sha256": sio.sha256_file(victim)}}),
+                                                                      "sha256": hashing.sha256_file(victim)}}),
                                               m["status"].update({rel: "written"})))
 
 
@@ -320,7 +321,7 @@ def test_the_runtime_loader_follows_no_index_name_out_of_out(bf16_copy, tmp_path
     outside = tmp_path / "x.safetensors"
     shard = sorted(bf16_copy.glob("model-*.safetensors"))[0]
     shutil.copy(shard, outside)
-    name = next(iter(sio.read_header(shard).tensors))
+    name = next(iter(st_header.read_header(shard).tensors))
     edit_json(bf16_copy / INDEX, lambda i: i["weight_map"].update({name: "../x.safetensors"}))
     with pytest.raises(InputError, match=r"index\.json: shard name '\.\./x\.safetensors' is not a plain relative path "
                                          r"inside OUT; refusing it; the output is damaged: convert into it again"):
@@ -343,14 +344,14 @@ def test_resume_ignores_names_outside_out(tiny_ckpt, tmp_path):
 
 def test_the_first_manifest_records_every_input_before_any_shard(tiny_ckpt, tmp_path, monkeypatch):
     seen = {}
-    real = sio.ShardWriter.__init__
+    real = st_writer.ShardWriter.__init__
 
     def first_shard(self, *a, **kw):
         if not seen:
             seen.update(json.loads((tmp_path / "out" / MANIFEST_NAME).read_text()))
         real(self, *a, **kw)
 
-    monkeypatch.setattr(sio.ShardWriter, "__init__", first_shard)
+    monkeypatch.setattr(st_writer.ShardWriter, "__init__", first_shard)
     convert(str(tiny_ckpt), str(tmp_path / "out"), shard_size="1MB")
     files = seen["source"]["files"]
     assert set(files) == {p.name for p in tiny_ckpt.iterdir()}
@@ -359,7 +360,7 @@ def test_the_first_manifest_records_every_input_before_any_shard(tiny_ckpt, tmp_
         assert (rec["size"], rec["mtime_ns"], rec["inode"], rec["dev"]) == (st.st_size, st.st_mtime_ns, st.st_ino,
                                                                              st.st_dev)
     # the complete manifest keeps size and sha256 only: copies of SRC elsewhere give the same output
-    done = read_manifest(tmp_path / "out", require_complete=True)["source"]["files"]
+    done = {rel: rec.to_json() for rel, rec in read_manifest(tmp_path / "out", require_complete=True).source.files.items()}
     assert all(set(rec) == {"size", "sha256"} and rec["sha256"] for rec in done.values())
 
 
@@ -367,7 +368,7 @@ def test_input_hashes_are_added_to_the_manifest_as_they_finish(tiny_ckpt, tmp_pa
     out = tmp_path / "out"
     interrupted_run(tiny_ckpt, out, at=0.5)  # waits until the manifest holds every hash: else it fails
     files = json.loads((out / MANIFEST_NAME).read_text())["source"]["files"]
-    assert {rel: rec["sha256"] for rel, rec in files.items()} == {rel: sio.sha256_file(tiny_ckpt / rel) for rel in files}
+    assert {rel: rec["sha256"] for rel, rec in files.items()} == {rel: hashing.sha256_file(tiny_ckpt / rel) for rel in files}
 
 
 def _flip_same_size(path: Path, keep_mtime: bool = False) -> None:
@@ -519,7 +520,7 @@ def test_files_of_src_named_like_the_tools_own_are_not_copied(tiny_copy, tmp_pat
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["skipped"] == ["fimoe-manifest.json", "fimoe-status.rank0.json", "weights.fimoe-tmp"]
     assert not (out / "fimoe-status.rank0.json").exists() and not (out / "weights.fimoe-tmp").exists()
-    assert read_manifest(out, require_complete=True)["files"]  # our manifest, not SRC's
+    assert read_manifest(out, require_complete=True).files  # our manifest, not SRC's
     assert cli("verify", out).exit_code == 0
     r = cli(tiny_copy, tmp_path / "out2")
     assert r.exit_code == 0 and ("not copied from SRC (named like fimoe-convert's own files): fimoe-manifest.json, "
@@ -547,7 +548,7 @@ def test_a_second_run_into_one_out_fails_at_once_naming_the_first(tiny_ckpt, tmp
 def test_the_lock_is_held_for_the_whole_run_and_taken_again_after_a_kill(tiny_ckpt, tmp_path, monkeypatch):
     out = tmp_path / "out"
     seen = []
-    real = sio.ShardWriter.finish
+    real = st_writer.ShardWriter.finish
 
     def finish(self):
         second = OutLock(out)
@@ -556,7 +557,7 @@ def test_the_lock_is_held_for_the_whole_run_and_taken_again_after_a_kill(tiny_ck
         seen.append(1)
         return real(self)
 
-    monkeypatch.setattr(sio.ShardWriter, "finish", finish)
+    monkeypatch.setattr(st_writer.ShardWriter, "finish", finish)
     convert(str(tiny_ckpt), str(out), shard_size="1MB")
     assert seen and not (out / LOCK_NAME).exists()
 
@@ -593,7 +594,7 @@ def test_copied_files_are_streamed(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 40 << 20, peak  # one 16 MiB block at a time, not the whole file
-    assert sio.sha256_file(tmp_path / "copy") == sio.sha256_file(big)
+    assert hashing.sha256_file(tmp_path / "copy") == hashing.sha256_file(big)
 
 
 @pytest.mark.parametrize("signum, word", [(signal.SIGTERM, "interrupted (SIGTERM)"), (signal.SIGHUP, "interrupted (SIGHUP)")])
@@ -610,7 +611,7 @@ def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tiny_ckpt, tmp_path, signu
 def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, monkeypatch):
     """The first SIGINT stops the run; another one while the lanes clean up changes nothing: the temporary files
     go, one line, exit 130, no traceback."""
-    real_abort = sio.ShardWriter.abort
+    real_abort = st_writer.ShardWriter.abort
     aborted = []
 
     def abort(self):
@@ -627,7 +628,7 @@ def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, mon
         return real(*a, **{**kw, "progress": progress})
 
     real = conv_mod.convert
-    monkeypatch.setattr(sio.ShardWriter, "abort", abort)
+    monkeypatch.setattr(st_writer.ShardWriter, "abort", abort)
     monkeypatch.setattr(conv_mod, "convert", progress_then_ctrl_c)
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, *SHARD_SIZE, "-q")
@@ -640,15 +641,15 @@ def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, mon
 def test_a_ctrl_c_right_after_a_temporary_is_created_leaves_none(tiny_ckpt, tmp_path, monkeypatch, where):
     out = tmp_path / "out"
     if where == "after-open":  # the file exists, open() has not returned
-        real_opener = sio._direct_opener
+        real_opener = st_writer._direct_opener
 
         def opener(path, flags):
             real_opener(path, flags)
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(sio, "_direct_opener", opener)
+        monkeypatch.setattr(st_writer, "_direct_opener", opener)
     elif where == "staging":
-        monkeypatch.setattr(sio, "_StagedFile", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        monkeypatch.setattr(st_writer, "_StagedFile", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     else:
         real_copy = shutil.copyfileobj
 
@@ -659,7 +660,7 @@ def test_a_ctrl_c_right_after_a_temporary_is_created_leaves_none(tiny_ckpt, tmp_
         monkeypatch.setattr(shutil, "copyfileobj", copy)
     refused(cli(tiny_ckpt, out, *SHARD_SIZE, "-q"), r"^error: interrupted \(SIGINT\); finished shards are kept", code=130)
     assert not list(out.glob("*.fimoe-tmp")), sorted(p.name for p in out.iterdir())
-    assert not sio._TEMPS
+    assert not atomic._TEMPS
 
 
 # ------------------------------------------------------------------------------- 6. bounds from what is present

@@ -34,7 +34,7 @@ from click.testing import CliRunner
 
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
-from fimoe_convert.hub import upload
+from fimoe_convert.upload import upload
 from fimoe_convert.files.output import MANIFEST_NAME
 
 # ---------------------------------------------------------------------------------------------- fake Hub

@@ -65,7 +65,7 @@ def outs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def manifests(outs) -> dict[str, dict]:
     """Private copies of each output's manifest data (a test may edit them)."""
-    return {t: copy.deepcopy(load_manifest(outs[t]).data) for t in (MEGAMOE, SM107, BF16)}
+    return {t: copy.deepcopy(load_manifest(outs[t]).to_json()) for t in (MEGAMOE, SM107, BF16)}
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def no_runtime_left():
 ])
 def test_backend_spec(outs, target, megakernel, needs_nvshmem, requirements):
     want = FiMoeEpBackendSpec(megakernel=megakernel, needs_nvshmem=needs_nvshmem)
-    for form in (outs[target], str(outs[target]), load_manifest(outs[target]), load_manifest(outs[target]).data):
+    for form in (outs[target], str(outs[target]), load_manifest(outs[target]), load_manifest(outs[target]).to_json()):
         assert backend_spec(form) == want
     assert runtime_requirements(outs[target]) == frozenset(requirements)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -309,7 +309,7 @@ def test_mega_config_bit_identical_to_flashinfer_preprocess(outs):
     r = subprocess.run([sys.executable, __file__, "check-mega-config", str(outs[SM107]), str(outs["src"])],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    blocks = len(load_manifest(outs[SM107]).data["layers"])
+    blocks = len(load_manifest(outs[SM107]).layers)
     assert r.stdout.strip().splitlines()[-1] == f"OK {2 * blocks}"
 
 
@@ -386,7 +386,7 @@ def _check_mega_config(out: str, src: str) -> None:
     from fimoe_convert.runtime import load_transformed_weights
 
     m = load_manifest(out)
-    model = m.data["model"]
+    model = m.model
     h, i = model["hidden_size"], model["moe_intermediate_size"]
     index = json.loads((Path(src) / "model.safetensors.index.json").read_text())["weight_map"]
 
@@ -399,7 +399,7 @@ def _check_mega_config(out: str, src: str) -> None:
         return torch.stack(ts)
 
     n = 0
-    for block, ranks in m.data["layers"].items():
+    for block, ranks in m.layers.items():
         for rank, rec in ranks.items():
             lo, hi = rec["experts"]
             cfg = mega_config(out, block, int(rank), device="cpu")

@@ -14,7 +14,7 @@ from reference import load_all, same_bits, seed_dequant
 from fimoe_convert.convert import convert
 from fimoe_convert.verify import verify
 from fimoe_convert.errors import CorruptTensorError, UsageError, ValidationError
-from fimoe_convert.files.output import MANIFEST_NAME, read_manifest
+from fimoe_convert.files.manifest import MANIFEST_NAME, dumps, read_manifest
 from fimoe_convert.testing import make_checkpoint
 
 
@@ -83,17 +83,19 @@ def test_shards_bounded_by_shard_size_and_index_sorted(bf16_out):
 
 def test_manifest_records_everything(tiny_ckpt, bf16_out):
     m = read_manifest(bf16_out, require_complete=True)
-    assert m["schema"] == "fimoe-manifest/1" and m["complete"] is True
-    assert m["tool"]["name"] == "fimoe-convert" and m["tool"]["torch"]
-    assert m["model"]["hidden_size"] == 256 and m["model"]["moe_blocks"] == 4
-    assert m["target"]["name"] == "bf16"
+    assert m.schema == "fimoe-manifest/1" and m.complete is True
+    assert m.tool.name == "fimoe-convert" and m.tool.torch
+    assert m.model["hidden_size"] == 256 and m.model["moe_blocks"] == 4
+    assert m.target.name == "bf16"
     src_files = {p.name for p in tiny_ckpt.iterdir()}
-    assert set(m["source"]["files"]) == src_files
-    assert {k: v["sha256"] for k, v in m["source"]["files"].items()} == {
+    assert set(m.source.files) == src_files
+    assert {k: v.sha256 for k, v in m.source.files.items()} == {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tiny_ckpt.iterdir()}
     out_files = {p.name for p in bf16_out.iterdir()} - {MANIFEST_NAME}
-    assert set(m["files"]) == out_files
-    assert set(m["status"].values()) == {"written"}
+    assert set(m.files) == out_files
+    assert set(m.status.values()) == {"written"}
+    # what is read is what was written
+    assert dumps(m.to_json()) == (bf16_out / MANIFEST_NAME).read_bytes()
 
 
 def test_verify_passes_then_fails_on_a_flipped_byte(bf16_out, tmp_path):
@@ -147,7 +149,7 @@ def test_resume_after_interrupt_gives_identical_output(tiny_ckpt, bf16_out, tmp_
     with pytest.raises(_Interrupt):
         convert(str(tiny_ckpt), str(out), "bf16", shard_size="3MB", progress=stop_midway)
     m = read_manifest(out)
-    assert m["complete"] is False and "written" in m["status"].values() and "pending" in m["status"].values()
+    assert m.complete is False and "written" in m.status.values() and "pending" in m.status.values()
     assert not list(out.glob("*.fimoe-tmp")) and not (out / "model.safetensors.index.json").exists()
     assert verify(str(out))["problems"]  # a torn OUT never verifies
     res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="3MB", resume=True)
@@ -190,7 +192,7 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     name = "layers.2.ffn.experts.5.w2.scale"
     index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     shard = src / index[name]
-    from fimoe_convert.files.safetensors import read_header
+    from fimoe_convert.files.st_header import read_header
 
     info = read_header(shard).tensors[name]
     data = bytearray(shard.read_bytes())
@@ -199,7 +201,7 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w2\.scale': 1 scale bytes are 255"):
         convert(str(src), str(out), "bf16")
-    assert read_manifest(out)["complete"] is False
+    assert read_manifest(out).complete is False
     assert not (out / "model.safetensors.index.json").exists()
     assert not list(out.glob("*.fimoe-tmp"))
 
@@ -217,7 +219,7 @@ def test_ep_size_puts_each_rank_in_its_own_shards(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
     convert(str(tiny_ckpt), str(out), "bf16", ep_size=2)
     m = read_manifest(out)
-    assert m["ep"] == {"world_size": 2, "expert_ranges": [[0, 4], [4, 8]]}
+    assert m.ep.to_json() == {"world_size": 2, "expert_ranges": [[0, 4], [4, 8]]}
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     shard_of_rank = {0: set(), 1: set()}
     for name, shard in index.items():

@@ -12,9 +12,9 @@ from reference import SEED_LUT, load_all, same_bits
 from fimoe_convert.convert import convert
 from fimoe_convert.verify import verify
 from fimoe_convert.errors import CorruptTensorError, InputError, ValidationError
-from fimoe_convert.files.output import read_manifest
+from fimoe_convert.files.manifest import read_manifest
 from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
-from fimoe_convert.files.safetensors import read_header
+from fimoe_convert.files.st_header import read_header
 from fimoe_convert.files.source import open_source
 from fimoe_convert.testing import make_checkpoint
 
@@ -139,8 +139,8 @@ def test_everything_else_is_copied_and_config_drops_expert_dtype(tiny_ckpt, fp8_
     assert "expert_dtype" not in after
     assert after == {k: v for k, v in before.items() if k != "expert_dtype"}
     m = read_manifest(out, require_complete=True)
-    assert m["target"]["name"] == "fp8_block" and m["layers"]["layers.0"]["scale_dtype"] == "F8_E8M0"
-    assert m["report"]["fp8_block"]["lossy_tiles"] == 0
+    assert m.target.name == "fp8_block" and m.layers["layers.0"]["scale_dtype"] == "F8_E8M0"
+    assert m.report["fp8_block"]["lossy_tiles"] == 0
     assert verify(str(out), deep=True)["problems"] == []
 
 
@@ -209,7 +209,7 @@ def test_lossy_fixture_is_refused_naming_tensor_and_tile(tmp_path):
                                          r"lossy\): its per-32 scale bytes span \d+\.\.\d+, more than the 14 steps .*"
                                          r"run again with --allow-lossy --overwrite"):
         convert(str(src), str(out), "fp8_block")
-    assert read_manifest(out)["complete"] is False and not (out / "model.safetensors.index.json").exists()
+    assert read_manifest(out).complete is False and not (out / "model.safetensors.index.json").exists()
 
 
 def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
@@ -217,7 +217,7 @@ def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
     out = tmp_path / "out"
     res = convert(str(src_dir), str(out), "fp8_block", allow_lossy=True)
     rep = res.report["fp8_block"]
-    assert read_manifest(out, require_complete=True)["report"] == res.report
+    assert read_manifest(out, require_complete=True).report == res.report
     src, dst = load_all(src_dir), load_all(out)
     lossy, tiles, worst_abs, worst_rel = 0, 0, 0.0, 0.0
     for name in expert_weights(src):

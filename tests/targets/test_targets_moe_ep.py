@@ -134,12 +134,12 @@ def test_expert_chunks_give_the_bytes_of_whole_blocks(kernel_ckpt, tmp_path, tar
 ])
 def test_which_layouts_split_by_expert(target, params, chunks):
     from fimoe_convert.checkpoint import model_spec_from_config
-    from fimoe_convert.targets import TargetOptions, make_target
+    from fimoe_convert.targets import TargetOptions, get_kernel, make_target
 
     model = model_spec_from_config({"model_type": "deepseek_v4", "expert_dtype": "fp4", "hidden_size": 256,
                                     "moe_intermediate_size": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
                                     "num_hidden_layers": 1})
-    assert make_target(target, model, TargetOptions(params=params)).chunks() is chunks
+    assert make_target(get_kernel(target), model, TargetOptions(params=params)).chunks() is chunks
 
 
 def test_a_unit_too_big_for_memory_is_refused_with_the_ep_size_that_fits(kernel_ckpt, tmp_path):

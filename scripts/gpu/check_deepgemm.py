@@ -1,7 +1,7 @@
-"""Issue 20, on a GPU: FlashInfer's deepgemm preprocess with an sgl-deep-gemm `deep_gemm`, and
+"""On a GPU: FlashInfer's deepgemm preprocess with an sgl-deep-gemm `deep_gemm`, and
 `fimoe-convert --target sm100_fp8_fp4_bf16_deepgemm --device cuda` checked against it, bit for bit.
 
-usage: python3 deepgemm_check.py WORK    (deep_gemm, flashinfer.moe_ep and fimoe_convert importable)
+usage: python3 scripts/gpu/check_deepgemm.py WORK    (deep_gemm, flashinfer.moe_ep and fimoe_convert importable)
 
 1. plain: FlashInfer's load-time path (the backend's `preprocess_weights`, which `MoEEpMegaLayer` calls
    when `MegaConfig(preprocess_weights=True)`) and the public `preprocess_mega_weights`, on CUDA, on the

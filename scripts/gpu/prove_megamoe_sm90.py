@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prove a `megamoe_sm90_mxfp4` conversion end to end on a Hopper GPU (the lent H200).
+"""Prove a `megamoe_sm90_mxfp4` conversion end to end on a Hopper GPU (H100/H200).
 
 1. Make a real-format DeepSeek V4 fixture (H=1024, I=512, 8 experts, top-2, 2 layers + 1 MTP block,
    realistic scale bytes), convert it with `fimoe_convert.convert(..., "megamoe_sm90_mxfp4")`, and
@@ -24,23 +24,20 @@ few samples, so that figure scatters around 3e-2) are checked against this secon
 
 Exit status 0 only when every check passes.
 
-On the lent H200 (FlashInfer from ../shared/tools/fi-carry-bundle.sh, unpacked to .fi-bundle/site):
-    PYTHONPATH=$PWD python3 dev/prove_megamoe_h200.py --fi-site .fi-bundle/site --json $OUT/prove.json
+Needs fimoe-convert and flashinfer-python >= 0.7.4 (`pip install -e '.[flashinfer]'`) on an SM90 GPU:
+    python3 scripts/gpu/prove_megamoe_sm90.py --json prove.json
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.machinery
 import json
-import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 T0 = time.perf_counter()
@@ -55,24 +52,6 @@ FIXTURE = dict(hidden=1024, inter=512, experts=8, top_k=2, layers=2, hash_layers
 
 def log(*a) -> None:
     print(*a, flush=True)
-
-
-def install_flashinfer_stub(site: str) -> None:
-    """Import `flashinfer.megamoe` from a trimmed bundle without running flashinfer/__init__.py
-    (which imports the cutlass DSL, absent from the bundle)."""
-    site = os.path.abspath(site)
-    pkg_dir = os.path.join(site, "flashinfer")
-    if not os.path.isdir(pkg_dir):
-        raise SystemExit(f"--fi-site {site}: no flashinfer/ folder there (unpack fi-carry-bundle's tgz into it)")
-    if site not in sys.path:
-        sys.path.insert(0, site)
-    pkg = types.ModuleType("flashinfer")
-    pkg.__path__ = [pkg_dir]
-    pkg.__file__ = os.path.join(pkg_dir, "__init__.py")
-    spec = importlib.machinery.ModuleSpec("flashinfer", None, is_package=True)
-    spec.submodule_search_locations = [pkg_dir]
-    pkg.__spec__ = spec  # so importlib.util.find_spec("flashinfer") answers instead of raising
-    sys.modules["flashinfer"] = pkg
 
 
 def machine_info() -> dict:
@@ -201,9 +180,6 @@ def free_port() -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fi-site", default=os.environ.get("FI_SITE"),
-                    help="folder holding the unpacked flashinfer bundle (import through a package stub); "
-                         "default: import the installed flashinfer")
     ap.add_argument("--work", default=None, help="folder for the fixture and the output (default: a temp folder)")
     ap.add_argument("--tokens", type=int, default=256,
                     help="token count m of the checked run per block (rel L2 vs the FP32 reference < 3e-2)")
@@ -217,8 +193,6 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
-    if args.fi_site:
-        install_flashinfer_stub(args.fi_site)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     runs = [(args.tokens, "main")] + [(int(t), "extra") for t in args.extra_tokens.split(",") if t.strip()]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run one `flashinfer.moe_ep` SM90 megakernel on converted weights (issue 4), on a Hopper GPU.
+"""Run one `flashinfer.moe_ep` SM90 megakernel on converted weights, on a Hopper GPU (H100/H200).
 
 1. Make a real-format DeepSeek V4 fixture (H=1024, I=512, 8 experts, top-2, 2 layers + 1 MTP block,
    realistic scale bytes) and convert it with `--target sm90_fp8_fp8_bf16_pull_cutedsl --ep-size 1
@@ -23,7 +23,9 @@
    the reference by > 0.2.
 Exit status 0 only when every check passes.
 
-    MEGA_NO_DIST=1 PYTHONPATH=$PWD python3 dev/run_moe_ep_sm90_h200.py --json $OUT/moe_ep.json
+    MEGA_NO_DIST=1 python3 scripts/gpu/prove_moe_ep_sm90.py --json moe_ep.json
+(needs fimoe-convert, flashinfer-python >= 0.7.4 and nvidia-cutlass-dsl; `MEGA_NO_DIST=1` is FlashInfer's
+single-rank switch, without which the kernel needs nvshmem4py)
 """
 
 from __future__ import annotations

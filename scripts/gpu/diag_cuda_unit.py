@@ -1,4 +1,4 @@
-"""Where the CUDA converter's time goes, step by step, at V4-Flash expert geometry (run on the lent H200).
+"""Where the CUDA converter's time goes, step by step, at V4-Flash expert geometry (on a CUDA GPU).
 
 Times, after a warm-up (Triton compile, allocator pools), medians over --repeat rounds:
   pinned alloc of one 2048x4096 BF16 output; H2D of one FP4 matrix from pinned memory; the decode kernel;
@@ -6,7 +6,7 @@ Times, after a warm-up (Triton compile, allocator pools), medians over --repeat 
   sync; the same while another thread copies host memory like the writer does; host memcpy bandwidth
   (pinned -> page-aligned staging block, as the writer copies); sha256 bandwidth.
 
-usage: python3 dev/diag_cuda_unit.py [--repeat 30]
+usage: python3 scripts/gpu/diag_cuda_unit.py [--repeat 30]
 """
 
 from __future__ import annotations

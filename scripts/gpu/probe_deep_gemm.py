@@ -1,7 +1,8 @@
-"""Try `import deep_gemm` from one sgl-deep-gemm candidate (issue 20), then call the C++ function
+"""Try `import deep_gemm` from one sgl-deep-gemm release, then call the C++ function
 FlashInfer's deepgemm preprocess needs, as FlashInfer calls it (a missing torch symbol that the loader
 left unresolved - tvm-ffi modules may be opened lazily - shows up here as a `symbol lookup error`).
-usage: PYTHONPATH=<candidate dir>:<tvm-ffi dir> python3 dg_probe.py VERSION
+usage: pip install --target DIR sgl-deep-gemm==VERSION   (one folder per release; apache-tvm-ffi as it pins)
+       PYTHONPATH=DIR python3 scripts/gpu/probe_deep_gemm.py VERSION
 Prints `CAND <version> | LOAD ok|FAIL | <3 transform functions present> | <deep_gemm.__version__ or the exact error>`
 and `CALL <version> | ...`."""
 

@@ -1,27 +1,112 @@
-"""A Hub checkpoint described without downloading its weights: config.json and the index are fetched into the
-Hugging Face cache (small files), and each shard's header is read from the Hub with two ranged requests (its
-length, then its JSON), then validated exactly as a local header is. For `inspect` and `--dry-run` of a repo id
-whose weights are not in the cache: at V4 size a download would take hours before anything is said.
-Hand-written beside huggingface_hub's `parse_safetensors_file_metadata`, which returns parsed tensors without the
-header's bytes or the file's size: the strict checks a local header gets (offsets within the file) need both."""
+"""Reading from the Hugging Face Hub: SRC resolved (a local folder as is, a repo id from the cache or downloaded),
+`hf download --local-dir` records read, and a checkpoint described without downloading its weights.
+
+For `inspect` and `--dry-run` of a repo id whose weights are not in the cache (at V4 size a download takes hours
+before anything is said), config.json and the index are fetched into the cache (small files), and each shard's
+header is read from the Hub with two ranged requests (its length, then its JSON), then validated exactly as a
+local header is. Hand-written beside huggingface_hub's `parse_safetensors_file_metadata`, which returns parsed
+tensors without the header's bytes or the file's size: the strict checks a local header gets (offsets within the
+file) need both."""
 
 from __future__ import annotations
 
 import os
 import queue
+import re
 import struct
 import threading
 import time
 from pathlib import Path
 
-from ..errors import InputError
-from .output import MANIFEST_NAME
-from .safetensors import INDEX_NAME, MAX_HEADER_BYTES, Header, parse_header
+from ..errors import InputError, UsageError
+from .names import INDEX_NAME, MANIFEST_NAME
+from .st_header import MAX_HEADER_BYTES, Header, parse_header
 
+# What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
+HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
+_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+METADATA_MAX_BYTES = 4096  # a `hf download --local-dir` metadata file is three short lines
 FIRST_BYTES = 1 << 20  # the first request asks for this much: most headers (V4's are about 100-300 KB) fit
 HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
 REQUEST_DEADLINE_S = 60.0  # seconds one ranged request may take in all (a read timeout restarts on every byte)
 WAIT_STEP_S = 0.5  # the main thread wakes this often while headers are read: a signal is handled at once
+
+
+# What `hf download --local-dir` leaves beside each file: commit, etag (an LFS file's sha256), download time.
+LOCAL_DIR_METADATA = ".cache/huggingface/download/{rel}.metadata"
+
+
+def local_dir_sha256(root: Path, rel: str) -> str | None:
+    """The sha256 huggingface_hub recorded when it downloaded `rel` into the folder `root` (`--local-dir`), if the
+    file has not changed since (huggingface_hub's own rule: mtime at most 1 s past the recorded time); else None.
+    Read here without huggingface_hub's reader, which takes a lock file and deletes bad metadata: SRC is only read."""
+    meta = root / LOCAL_DIR_METADATA.format(rel=rel)
+    try:
+        with open(meta, "rb") as f:
+            lines = f.read(METADATA_MAX_BYTES).decode("utf-8").splitlines()
+        etag, stamp = lines[1].strip(), float(lines[2])
+        fresh = (root / rel).stat().st_mtime - 1 <= stamp
+    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    return etag if fresh and SHA256_RE.match(etag) else None
+
+
+def download(spec: str, revision: str | None) -> dict:
+    """Fetch the files a conversion of the Hub repo `spec` reads into the Hugging Face cache (resumable)."""
+    if not _is_repo_id(spec):
+        raise UsageError(f"SRC {spec!r}: not a Hub repo id (org/name); only a Hub repo is downloaded")
+    root = resolve_source_root(spec, revision, offline=False)[0]
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return {"repo_id": spec, "revision": root.name, "path": str(root), "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files)}
+
+
+def _is_repo_id(spec: str) -> bool:
+    return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
+
+
+def resolve_source_root(spec: str, revision: str | None, offline: bool,
+                        weights: bool = True) -> tuple[Path, Path, str | None, str | None]:
+    """(root, allowed_root, repo_id, revision): a local folder as is; a Hub repo id downloaded (or found in the
+    cache when offline) with huggingface_hub. `weights=False` (and online): only the small files that describe the
+    checkpoint (config, index, manifest) into the revision's snapshot folder, beside any shards already there."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if revision:
+            raise UsageError(f"--revision {revision}: SRC {spec!r} is a local folder; --revision applies to Hub "
+                             "repos only")
+        root = path.resolve()
+        return root, root, None, None
+    if path.exists():
+        raise UsageError(f"SRC {spec!r} is a file; expected a checkpoint folder or a Hub repo id (org/name)")
+    if not _is_repo_id(spec):
+        raise UsageError(f"SRC {spec!r}: no such folder, and not a Hub repo id (org/name)")
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    try:
+        if not weights and not offline:
+            snap = describing_files(spec, revision)
+        else:  # the cache location is read now, not at huggingface_hub's import, so a changed HF_HUB_CACHE counts
+            snap = Path(huggingface_hub.snapshot_download(spec, revision=revision, allow_patterns=HUB_PATTERNS,
+                                                          local_files_only=offline,
+                                                          cache_dir=os.environ.get("HF_HUB_CACHE")))
+    except LocalEntryNotFoundError:
+        hint = "run once without --offline/HF_HUB_OFFLINE=1 to fetch it" if offline else "check the network"
+        raise InputError(f"SRC {spec!r} (revision {revision or 'main'}): not in the local Hugging Face cache; "
+                         f"{hint}") from None
+    except HfHubHTTPError as e:
+        raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
+                         "check the repo id, --revision and your token (HF_TOKEN)") from None
+    except OSError as e:  # the cache folder, or a transfer error huggingface_hub raises as an OSError
+        raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
+                         "pass --offline to use the local cache") from None
+    # A cache snapshot is snapshots/<commit>/ whose files link into ../../blobs of the same repo.
+    commit = snap.name if re.fullmatch(r"[0-9a-f]{40}", snap.name) else revision
+    allowed = snap.parent.parent.resolve() if snap.parent.name == "snapshots" else snap.resolve()
+    return snap, allowed, spec, commit
 
 
 def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:

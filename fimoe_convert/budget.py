@@ -1,0 +1,60 @@
+"""The one memory budget of a conversion, from --max-memory: how big a unit of work is, whether the largest unit
+fits, and how many writer lanes run with how many bytes each. Every byte constant of that budget is here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ValidationError
+from .sizes import human
+
+UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their work (fewer with a small budget)
+UNIT_SHARE = 32  # a unit's output takes at most 1/32 of --max-memory
+UNIT_FACTOR = 2  # a unit holds its output and its inputs: about twice its output bytes
+LANES_SHARE = 4  # the lanes' read-ahead and their write buffers each take at most a quarter of --max-memory
+IO_BLOCK = 16 << 20  # bytes per read/write call when streaming large tensors, and per staging block
+STAGE_BLOCKS = 3  # staging blocks of IO_BLOCK bytes per shard writer: one filling, two writing/hashing
+READ_AHEAD_MAX = 128 << 20  # bytes a lane reads or converts ahead of its writer, unless two units need more
+MAX_LANES = 4  # one sha256 per lane; more lanes than this gained nothing on the machines measured
+CORES_PER_LANE = 4  # a lane keeps a reader, a converter, a writer and a hasher busy
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """`total` bytes of host memory a conversion may hold; `flag`: --max-memory as given, for messages."""
+
+    total: int
+    flag: str = ""
+
+    @property
+    def unit_bytes(self) -> int:
+        """Output bytes per unit for targets that split their work (any value gives the same output)."""
+        return min(UNIT_BYTES_MAX, self.total // UNIT_SHARE)
+
+    def check_unit(self, key: str, out_bytes: int, ep_size: int, experts: int, by_rank: bool) -> None:
+        """Refuse (naming the memory and, for a target whose units shrink with --ep-size (`by_rank`), the --ep-size
+        that would fit) a largest unit `key` of `out_bytes` output bytes that does not fit."""
+        need = UNIT_FACTOR * out_bytes
+        if need <= self.total:
+            return
+        fits = next((d for d in range(ep_size + 1, experts + 1)
+                     if experts % d == 0 and need * ep_size / d <= self.total), None)
+        hint = f", or use --ep-size {fits} (about {human(need * ep_size / fits)} a unit)" if fits and by_rank else ""
+        raise ValidationError([f"--max-memory {self.flag}: one unit of work ({key}) needs about {human(need)} "
+                               f"(its output and its inputs); raise --max-memory to at least {human(need)}{hint}"])
+
+    def lane_bytes(self, biggest_unit: int) -> int:
+        """Bytes one lane holds between reading and writing: two units (inputs and outputs) or READ_AHEAD_MAX,
+        so that reading, converting and writing overlap, within a quarter of the budget (the rest: write buffers,
+        the unit being converted, pinned and allocator caches)."""
+        return max(min(self.total // LANES_SHARE, max(READ_AHEAD_MAX, 4 * biggest_unit)), IO_BLOCK)
+
+    def lane_count(self, writers: int | None, shards: int, lane_bytes: int) -> int:
+        """Shards written at once. Each lane hashes its own shard, and one sha256 runs at 1.2 to 1.8 GB/s on the
+        machines measured, below a fast disk; auto: a lane per CORES_PER_LANE cores, at most MAX_LANES, as many as
+        fit their bytes and write buffers into a quarter of the budget."""
+        if writers is None:
+            fits = self.total // LANES_SHARE // (lane_bytes + STAGE_BLOCKS * IO_BLOCK)
+            writers = min(MAX_LANES, max(1, (os.cpu_count() or 1) // CORES_PER_LANE), max(1, fits))
+        return max(1, min(writers, shards))
