@@ -1,4 +1,6 @@
-"""Write a real-format tiny DeepSeek V4 checkpoint: python3 scripts/make_fixture.py OUT [--preset tiny|flash-geometry]."""
+"""Write a real-format DeepSeek V4 checkpoint (the one generator, fimoe_convert.testing.make_checkpoint):
+python3 scripts/make_fixture.py DIR --preset NAME [--sparse]. "tiny" loads in transformers; "v4-flash" and
+"v4-pro" with --sparse are the releases' tensor inventories and shards (headers, data left as holes)."""
 
 import argparse
 
@@ -7,9 +9,10 @@ from fimoe_convert.testing import PRESETS, make_checkpoint
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("out")
 p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+p.add_argument("--sparse", action="store_true", help="shards hold their headers and a hole of the data's size")
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
 p.add_argument("--experts", type=int, default=None)
 args = p.parse_args()
 overrides = {k: v for k, v in {"seed": args.seed, "layers": args.layers, "experts": args.experts}.items() if v is not None}
-print(make_checkpoint(args.out, args.preset, **overrides))
+print(make_checkpoint(args.out, args.preset, sparse=args.sparse, **overrides))

@@ -1,7 +1,10 @@
-"""Checkpoints for tests, the demo and benchmarks: `fixtures` writes real-format tiny (and sparse full-size)
-DeepSeek V4 checkpoints without any model library; `transformers_model` writes a tiny model that transformers
-itself made, in the release format, and computes its logits (the real client of the dense outputs)."""
+"""Checkpoints for tests, the demo, benchmarks and engine tests: `fixtures.make_checkpoint` is the one generator
+(real-format DeepSeek V4 checkpoints, the release's tensor inventory for any geometry, `inventory.py`), no model
+library needed; `transformers_model` loads a checkpoint in transformers and computes its logits (the real client of
+the dense outputs)."""
 
-from .fixtures import PRESETS, FixtureSpec, folder_bytes, fresh_folder, make_checkpoint, seed_hub_cache
+from .fixtures import fixture_spec, folder_bytes, fresh_folder, make_checkpoint, seed_hub_cache
+from .inventory import PRESETS, FixtureSpec, inventory
 
-__all__ = ["PRESETS", "FixtureSpec", "folder_bytes", "fresh_folder", "make_checkpoint", "seed_hub_cache"]
+__all__ = ["PRESETS", "FixtureSpec", "fixture_spec", "folder_bytes", "fresh_folder", "inventory", "make_checkpoint",
+           "seed_hub_cache"]

@@ -1,12 +1,13 @@
-"""Real-format tiny DeepSeek V4 checkpoints for tests, the demo and benchmarks.
+"""Real-format DeepSeek V4 checkpoints for tests, the demo, benchmarks and engine tests: the one generator.
 
-Every tensor class of a V4 checkpoint with its real dtype: BF16 embed/head/norms/gate, F8_E4M3 +
-F8_E8M0 128x128-block attention and shared experts, F32 hyper-connection, bias and sink tensors,
-I64 `tid2eid` in hash layers, I8 + F8_E8M0 routed experts, MTP blocks with routed experts. Experts
-of one layer straddle two shards and tensors sit in non-sorted order inside each shard.
-Presets and FixtureSpec options also give the variants: V4-Pro geometry, Base (FP8 experts), 0731/DSpark
-(three MTP blocks), V4.1 (its config dialect, 32x32 blocks, extra tensors) and a fixture lossy in fp8_block.
-Deterministic: every tensor comes from its own generator seeded by (seed, name)."""
+The tensors are the release's for the geometry given (inventory.py), with the release dtypes: BF16 embed/head/norms/
+gate/compressors, F8_E4M3 + F8_E8M0 128x128-block attention, indexer and shared experts, F32 hyper-connection, bias,
+sink and ape tensors, I64 `tid2eid` in hash layers, I8 + F8_E8M0 routed experts, MTP blocks as released. "tiny" (the
+demo and most tests) loads in transformers' DeepseekV4ForCausalLM; "v4-flash" and "v4-pro" (sparse) are the
+releases' inventories and shards. In "balanced" fixtures the experts of one layer straddle two shards; tensors sit
+in non-sorted order inside each shard. Presets and FixtureSpec options also give the variants: V4-Pro geometry,
+Base (FP8 experts), 0731/DSpark (three MTP blocks), V4.1 (its config dialect, 32x32 blocks, extra tensors) and a
+fixture lossy in fp8_block. Deterministic: every tensor comes from its own generator seeded by (seed, name)."""
 
 from __future__ import annotations
 
@@ -14,80 +15,29 @@ import dataclasses
 import json
 import math
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import EXPERT_LEGS, VARIANTS, expert_name, natural_key
-from ..dtypes import FP4_GROUP
 from ..files.atomic import atomic_write_bytes
 from ..files.names import INDEX_NAME
 from ..files.st_header import PlannedTensor, build_header
 from ..files.st_writer import ShardWriter
 
-BLOCK = 128  # FP8 block size of attention and shared-expert weights
-HC = 4  # hyper-connection copies
-SCALE_SPAN = 8  # scale bytes of one expert's gate+up (and of its down) lie within this many steps
+from .inventory import (
+    HC,
+    PRESETS,
+    ST_DTYPE,
+    FixtureSpec,
+    config_block,
+    inventory,
+    nbytes,
+    shard_groups,
+    shard_name,
+    tensors,
+)
 
-
-@dataclass(frozen=True)
-class FixtureSpec:
-    hidden: int = 256
-    inter: int = 128
-    experts: int = 8
-    top_k: int = 2
-    layers: int = 3
-    hash_layers: int = 1
-    mtp: int = 1
-    vocab: int = 128
-    heads: int = 4
-    head_dim: int = 64
-    q_lora: int = 128
-    o_lora: int = 128
-    shards: int = 4
-    seed: int = 0
-    extreme_scales: bool = True  # layer 0 expert 0 uses scale bytes 1..9, expert 1 uses 246..254
-    expert_dtype: str = "fp4"  # "fp4" | "fp8" (Base checkpoints)
-    dialect: str = "v4"  # "v4" | "v4.1"
-    # Variant options (the defaults give the same bytes as before they existed):
-    scale_span: int = SCALE_SPAN  # FP4 scale bytes of an expert matrix span this many steps (> 14: fp8_block lossy)
-    linear_scales: str = "e8m0"  # scales of FP8 attention/shared-expert weights: "e8m0" | "f32" (Base checkpoints)
-    linear_block: int | None = None  # tile of FP8 attention/shared-expert weights (None: 128; V4.1: 32)
-    expert_dtype_in_config: bool | None = None  # None: for FP4 only (V4), always (V4.1); True/False: always/never
-    dspark: bool = False  # 0731/DSpark MTP blocks: main_proj/main_norm, markov/confidence heads, no e_proj/h_proj
-    extra_tensors: bool = False  # more non-expert tensors (engram, indexer, vision tower), copied untouched
-
-
-PRESETS: dict[str, FixtureSpec] = {
-    "tiny": FixtureSpec(),
-    # V4-Flash expert geometry with few experts and layers: 5 MoE blocks x 16 experts, ~4 GB of BF16 out.
-    "flash-geometry": FixtureSpec(hidden=VARIANTS["V4-Flash"].hidden_size,
-                                  inter=VARIANTS["V4-Flash"].moe_intermediate_size,
-                                  experts=16, top_k=6, layers=4, hash_layers=1, mtp=1,
-                                  vocab=1024, heads=8, head_dim=128, q_lora=512, o_lora=512, shards=6,
-                                  extreme_scales=False),
-    # The published geometries (checkpoint.VARIANTS) at full size: with make_checkpoint(..., sparse=True) only.
-    "v4-flash": FixtureSpec(hidden=4096, inter=2048, experts=256, top_k=6, layers=43, hash_layers=3, mtp=1,
-                            vocab=129280, heads=64, head_dim=512, q_lora=1024, o_lora=1024, shards=46,
-                            extreme_scales=False),
-    "v4-pro": FixtureSpec(hidden=7168, inter=3072, experts=384, top_k=6, layers=61, hash_layers=3, mtp=1,
-                          vocab=129280, heads=128, head_dim=512, q_lora=1536, o_lora=1024, shards=64,
-                          extreme_scales=False),
-    # Variants (tests/targets/test_variants.py). V4-Flash is "tiny".
-    # V4-Pro expert geometry (H=7168, I=3072) with 2 experts, 1 layer: ~130 MB in, ~330 MB of BF16 out.
-    "pro-geometry": FixtureSpec(hidden=VARIANTS["V4-Pro"].hidden_size, inter=VARIANTS["V4-Pro"].moe_intermediate_size,
-                                experts=2, top_k=2, layers=1, hash_layers=1, mtp=0,
-                                vocab=64, heads=2, head_dim=64, q_lora=64, o_lora=64, shards=3, extreme_scales=False),
-    # Base: FP8 E4M3 experts with F32 128x128 scales, F32 linear scales, no expert_dtype in config.json.
-    "base": FixtureSpec(expert_dtype="fp8", linear_scales="f32"),
-    # 0731/DSpark: three MTP blocks mtp.0..2 with routed experts and the DSpark extra tensors.
-    "dspark": FixtureSpec(mtp=3, dspark=True),
-    # V4.1: deepseek_v41, text_config, expert_dtype in quantization_config, 32x32 blocks, extra tensors.
-    "v4.1": FixtureSpec(dialect="v4.1", linear_block=32, extra_tensors=True),
-    # fp8_block lossy: per-32 scale bytes of an expert matrix span 20 steps (> 14), so some tiles are inexact.
-    "lossy-fp8": FixtureSpec(layers=2, mtp=0, experts=4, extreme_scales=False, scale_span=20),
-}
+__all__ = ["PRESETS", "FixtureSpec", "fixture_spec", "inventory", "make_checkpoint"]
 
 
 def _gen(spec: FixtureSpec, name: str) -> torch.Generator:
@@ -122,125 +72,6 @@ def _expert_scale_range(spec: FixtureSpec, block: str, expert: int, leg: str) ->
     return base, base + span
 
 
-def _config_block(spec: FixtureSpec) -> int:
-    """quantization_config.weight_block_size (both sides): 128 for V4, 32 for V4.1."""
-    return BLOCK if spec.dialect == "v4" else 32
-
-
-def _fp8(t: dict, spec: FixtureSpec, name: str, out: int, inp: int) -> None:
-    """An FP8 linear: weight and its tile scales (E8M0 or F32)."""
-    lb = spec.linear_block or BLOCK
-    t[f"{name}.weight"] = ("fp8", (out, inp), None)
-    t[f"{name}.scale"] = ("e8m0" if spec.linear_scales == "e8m0" else "f32scale",
-                          (math.ceil(out / lb), math.ceil(inp / lb)), None)
-
-
-def _block(t: dict, spec: FixtureSpec, prefix: str, hashed: bool, compressor: bool) -> None:
-    """One transformer block's tensors (attention, router, shared and routed experts), in checkpoint order."""
-    h, i, e, v = spec.hidden, spec.inter, spec.experts, spec.vocab
-    eb = _config_block(spec)
-    t[f"{prefix}.attn_norm.weight"] = ("bf16", (h,), None)
-    t[f"{prefix}.ffn_norm.weight"] = ("bf16", (h,), None)
-    for part in ("attn", "ffn"):
-        t[f"{prefix}.hc_{part}_fn"] = ("f32", ((2 + HC) * HC, HC * h), None)
-        t[f"{prefix}.hc_{part}_base"] = ("f32", ((2 + HC) * HC,), None)
-        t[f"{prefix}.hc_{part}_scale"] = ("f32", (3,), None)
-    a = f"{prefix}.attn"
-    _fp8(t, spec, f"{a}.wq_a", spec.q_lora, h)
-    t[f"{a}.q_norm.weight"] = ("bf16", (spec.q_lora,), None)
-    _fp8(t, spec, f"{a}.wq_b", spec.heads * spec.head_dim, spec.q_lora)
-    _fp8(t, spec, f"{a}.wkv", spec.head_dim, h)
-    t[f"{a}.kv_norm.weight"] = ("bf16", (spec.head_dim,), None)
-    _fp8(t, spec, f"{a}.wo_a", spec.o_lora, spec.heads * spec.head_dim)
-    _fp8(t, spec, f"{a}.wo_b", h, spec.o_lora)
-    t[f"{a}.attn_sink"] = ("f32", (spec.heads,), None)
-    if compressor:
-        t[f"{a}.compressor.wkv.weight"] = ("bf16", (2 * spec.head_dim, h), None)
-        t[f"{a}.compressor.wgate.weight"] = ("bf16", (2 * spec.head_dim, h), None)
-        t[f"{a}.compressor.ape"] = ("f32", (4, 2 * spec.head_dim), None)
-        t[f"{a}.compressor.norm.weight"] = ("bf16", (spec.head_dim,), None)
-    f = f"{prefix}.ffn"
-    t[f"{f}.gate.weight"] = ("bf16", (e, h), None)
-    if hashed:
-        t[f"{f}.gate.tid2eid"] = ("tid2eid", (v, spec.top_k), None)
-    else:
-        t[f"{f}.gate.bias"] = ("f32", (e,), None)
-    _fp8(t, spec, f"{f}.shared_experts.w1", i, h)
-    _fp8(t, spec, f"{f}.shared_experts.w3", i, h)
-    _fp8(t, spec, f"{f}.shared_experts.w2", h, i)
-    for j in range(e):
-        for leg in EXPERT_LEGS:
-            out, inp = (h, i) if leg == "w2" else (i, h)
-            name = f"{f}.experts.{j}.{leg}"
-            if spec.expert_dtype == "fp4":
-                t[f"{name}.weight"] = ("fp4", (out, inp // 2), None)
-                t[f"{name}.scale"] = ("e8m0", (out, inp // FP4_GROUP), _expert_scale_range(spec, prefix, j, leg))
-            else:
-                t[f"{name}.weight"] = ("fp8", (out, inp), None)
-                t[f"{name}.scale"] = ("f32scale", (math.ceil(out / eb), math.ceil(inp / eb)), None)
-
-
-def _tensors(spec: FixtureSpec) -> dict[str, tuple]:
-    """name -> (kind, shape, extra); data is made on demand by `_make`."""
-    h, v = spec.hidden, spec.vocab
-    t: dict[str, tuple] = {}
-
-    def fp8(name, out, inp):
-        _fp8(t, spec, name, out, inp)
-
-    def block(prefix, hashed, compressor):
-        _block(t, spec, prefix, hashed, compressor)
-
-    t["embed.weight"] = ("bf16", (v, h), None)
-    for li in range(spec.layers):
-        block(f"layers.{li}", li < spec.hash_layers, compressor=li % 2 == 1)
-        if spec.extra_tensors and li < 2:
-            fp8(f"layers.{li}.engram.wkv", spec.head_dim, h)
-            t[f"layers.{li}.engram.embed.weight"] = ("bf16", (v, spec.head_dim), None)
-            t[f"layers.{li}.engram.q_weight"] = ("bf16", (spec.head_dim, h), None)
-            t[f"layers.{li}.engram.k_weight"] = ("bf16", (spec.head_dim, h), None)
-        if spec.extra_tensors and li % 2 == 1:
-            fp8(f"layers.{li}.attn.indexer.wq_b", spec.heads * spec.head_dim, spec.q_lora)
-            t[f"layers.{li}.attn.indexer.weights_proj.weight"] = ("bf16", (spec.heads, h), None)
-            t[f"layers.{li}.attn.indexer.k_norm.weight"] = ("bf16", (spec.head_dim,), None)
-    for k in range(spec.mtp):
-        p = f"mtp.{k}"
-        block(p, False, compressor=False)
-        if spec.dspark:
-            if k == 0:
-                fp8(f"{p}.main_proj", h, 3 * h)  # three target layers' hidden states, concatenated
-                t[f"{p}.main_norm.weight"] = ("bf16", (h,), None)
-            if k == spec.mtp - 1:
-                t[f"{p}.norm.weight"] = ("bf16", (h,), None)
-                t[f"{p}.markov_head.embed.weight"] = ("bf16", (v, spec.head_dim), None)
-                t[f"{p}.markov_head.head.weight"] = ("bf16", (v, spec.head_dim), None)
-                t[f"{p}.confidence_head.proj.weight"] = ("bf16", (1, h + spec.head_dim), None)
-                t[f"{p}.hc_head_fn"] = ("f32", (HC, HC * h), None)
-                t[f"{p}.hc_head_base"] = ("f32", (HC,), None)
-                t[f"{p}.hc_head_scale"] = ("f32", (1,), None)
-            continue
-        fp8(f"{p}.e_proj", h, h)
-        fp8(f"{p}.h_proj", h, h)
-        t[f"{p}.enorm.weight"] = ("bf16", (h,), None)
-        t[f"{p}.hnorm.weight"] = ("bf16", (h,), None)
-        t[f"{p}.norm.weight"] = ("bf16", (h,), None)
-    if spec.extra_tensors:
-        t["vision.patch_embed.weight"] = ("bf16", (spec.head_dim, 3 * 14 * 14), None)
-        t["vision.blocks.0.attn.qkv.weight"] = ("bf16", (3 * spec.head_dim, spec.head_dim), None)
-        t["vision.blocks.0.norm1.weight"] = ("bf16", (spec.head_dim,), None)
-        t["aligner.proj.weight"] = ("bf16", (h, spec.head_dim), None)
-    t["norm.weight"] = ("bf16", (h,), None)
-    t["head.weight"] = ("bf16", (v, h), None)
-    t["hc_head_fn"] = ("f32", (HC, HC * h), None)
-    t["hc_head_base"] = ("f32", (HC,), None)
-    t["hc_head_scale"] = ("f32", (1,), None)
-    return t
-
-
-_ST = {"bf16": "BF16", "f32": "F32", "fp8": "F8_E4M3", "e8m0": "F8_E8M0", "fp4": "I8", "tid2eid": "I64",
-       "f32scale": "F32"}
-
-
 POOL_BYTES = 64 * 2**20  # random bytes that `fast` fixtures take their FP4 codes from
 
 
@@ -267,29 +98,47 @@ def _make(spec: FixtureSpec, name: str, kind: str, shape: tuple, extra, fast: bo
     g = _gen(spec, name)
     if kind == "bf16":
         return _bf16(g, shape)
+    if kind == "norm":
+        return (1 + 0.1 * torch.randn(shape, generator=g)).to(torch.bfloat16)
     if kind in ("f32", "f32scale"):
         return _f32(g, shape).abs() * 1e-3 + (1e-4 if kind == "f32scale" else 0)
     if kind == "fp8":
         return _fp8_bytes(g, shape)
     if kind == "e8m0":
-        lo, hi = extra or (115, 125)
-        return _e8m0(g, shape, lo, hi)
+        return _e8m0(g, shape)
+    if kind == "fp4scale":
+        return _e8m0(g, shape, *_expert_scale_range(spec, *extra))
     if kind == "fp4":  # every code 0..15 appears, -0 (code 8) included
         return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).view(torch.int8)
     if kind == "tid2eid":
-        return torch.randint(0, spec.experts, shape, generator=g, dtype=torch.int64)
+        # The extreme-scale experts 0 and 1 of layer 0 (its values overflow BF16) are never routed to.
+        low = 2 if spec.extreme_scales and name.startswith("layers.0.") and spec.experts > 2 + spec.top_k else 0
+        return torch.randint(low, spec.experts, shape, generator=g, dtype=torch.int64)
     raise AssertionError(kind)
 
 
+_ROPE_SCALING = {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536,
+                 "type": "yarn"}
+
+
 def _config(spec: FixtureSpec) -> dict:
-    quant = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
-             "weight_block_size": [_config_block(spec)] * 2}
+    """config.json with the release's keys (DeepSeek-V4-Flash's config.json) for the geometry of `spec`."""
+    quant = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0",
+             "weight_block_size": [config_block(spec)] * 2}
     text = {
-        "hidden_size": spec.hidden, "moe_intermediate_size": spec.inter, "n_routed_experts": spec.experts,
-        "n_shared_experts": 1, "num_experts_per_tok": spec.top_k, "num_hidden_layers": spec.layers,
-        "num_hash_layers": spec.hash_layers, "num_nextn_predict_layers": spec.mtp, "vocab_size": spec.vocab,
-        "num_attention_heads": spec.heads, "head_dim": spec.head_dim, "q_lora_rank": spec.q_lora,
-        "o_lora_rank": spec.o_lora, "hc_mult": HC, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1, "hc_eps": 1e-6,
+        "hc_mult": HC, "hc_sinkhorn_iters": 20, "head_dim": spec.head_dim, "hidden_act": "silu",
+        "hidden_size": spec.hidden, "index_head_dim": spec.index_head_dim, "index_n_heads": spec.index_heads,
+        "index_topk": spec.index_topk, "initializer_range": 0.02, "max_position_embeddings": 1048576,
+        "moe_intermediate_size": spec.inter, "n_routed_experts": spec.experts, "n_shared_experts": 1,
+        "norm_topk_prob": True, "num_attention_heads": spec.heads, "num_experts_per_tok": spec.top_k,
+        "num_hidden_layers": spec.layers, "num_hash_layers": spec.hash_layers, "num_key_value_heads": 1,
+        "num_nextn_predict_layers": spec.mtp, "o_groups": spec.o_groups, "o_lora_rank": spec.o_lora,
+        "q_lora_rank": spec.q_lora, "qk_rope_head_dim": spec.rope_dim, "rms_norm_eps": 1e-6,
+        "rope_scaling": dict(_ROPE_SCALING), "rope_theta": 10000, "routed_scaling_factor": spec.routed_scaling,
+        "scoring_func": "sqrtsoftplus", "sliding_window": 128, "swiglu_limit": 10.0, "tie_word_embeddings": False,
+        "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": spec.vocab,
+        "compress_rope_theta": 160000, "compress_ratios": spec.config_ratios(),
     }
     if spec.dspark:
         text["dspark_target_layer_ids"] = [max(0, spec.layers - spec.mtp + k) for k in range(spec.mtp)]
@@ -309,54 +158,42 @@ def _config(spec: FixtureSpec) -> dict:
     return cfg
 
 
+def fixture_spec(preset: str = "tiny", **overrides) -> FixtureSpec:
+    """The spec `make_checkpoint(DIR, preset, **overrides)` writes."""
+    if preset not in PRESETS:
+        raise KeyError(f"preset {preset!r}: expected one of {', '.join(sorted(PRESETS))}")
+    return dataclasses.replace(PRESETS[preset], **overrides)
+
+
 def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool = False, fast: bool = False,
                     **overrides) -> Path:
     """Write a real-format DeepSeek V4 checkpoint into `out_dir`; returns the folder. `sparse`: every shard is its
     real header followed by a hole of the data's size (zeros, no disk used), for planning and dry runs at the
-    published geometries (presets "v4-flash", "v4-pro") without hundreds of GB. `fast`: FP4 codes from a seeded
+    released geometries (presets "v4-flash", "v4-pro") without hundreds of GB. `fast`: FP4 codes from a seeded
     random pool (benchmark fixtures of many GB, written at disk speed)."""
-    spec = dataclasses.replace(PRESETS[preset], **overrides)
+    spec = fixture_spec(preset, **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = _tensors(spec)
-    names = sorted(tensors, key=natural_key)
-    sizes = [PlannedTensor(n, _ST[tensors[n][0]], tensors[n][1]).nbytes for n in names]
-    # Size-balanced groups, then one more cut in the middle of a layer's experts so they straddle two shards.
-    per_shard = math.ceil(sum(sizes) / max(1, spec.shards - 1))
-    groups: list[list[str]] = [[]]
-    acc = 0
-    for n, size in zip(names, sizes):
-        if acc >= per_shard and len(groups) < spec.shards - 1:
-            groups.append([])
-            acc = 0
-        groups[-1].append(n)
-        acc += size
-    cut = expert_name(f"layers.{min(1, spec.layers - 1)}", spec.experts // 2, "w1", "weight")
-    for k, group in enumerate(groups):
-        if cut in group and group.index(cut) > 0:
-            at = group.index(cut)
-            groups[k:k + 1] = [group[:at], group[at:]]
-            break
+    table = tensors(spec)
+    groups = shard_groups(spec, table)
     weight_map = {}
     total = 0
     for k, group in enumerate(groups):
-        fname = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        fname = shard_name(k, len(groups))
         order = [group[p] for p in torch.randperm(len(group), generator=_gen(spec, fname)).tolist()]
-        planned = [PlannedTensor(n, _ST[tensors[n][0]], tensors[n][1]) for n in order]
+        planned = [PlannedTensor(n, ST_DTYPE[table[n][0]], table[n][1]) for n in order]
         if sparse:
             header = build_header(planned, None)
             with open(out / fname, "wb") as f:
                 f.write(header)
                 f.truncate(len(header) + sum(p.nbytes for p in planned))
-            weight_map.update({n: fname for n in group})
-            total += sum(p.nbytes for p in planned)
-            continue
-        with ShardWriter(out / fname, planned) as w:
-            for p in planned:
-                w.write_tensor(p.name, _make(spec, p.name, *tensors[p.name], fast=fast))
-            w.finish()
+        else:
+            with ShardWriter(out / fname, planned) as w:
+                for p in planned:
+                    w.write_tensor(p.name, _make(spec, p.name, *table[p.name], fast=fast))
+                w.finish()
         weight_map.update({n: fname for n in group})
-        total += sum(p.nbytes for p in planned)
+        total += sum(nbytes(table[n]) for n in group)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     atomic_write_bytes(out / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
     atomic_write_bytes(out / "config.json", (json.dumps(_config(spec), indent=2) + "\n").encode())
@@ -366,8 +203,7 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
     return out
 
 
-def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str,
-                   commit: str = "c0ffee" * 6 + "c0ff") -> Path:
+def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, commit: str = "c0ffee" * 6 + "c0ff") -> Path:
     """Lay `ckpt_dir` out as a Hugging Face cache entry (blobs named by sha256, snapshot links, refs/main),
     so the real huggingface_hub code resolves `repo_id` offline. Returns the snapshot folder."""
     import hashlib

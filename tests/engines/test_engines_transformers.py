@@ -1,7 +1,8 @@
-"""Every output a dense engine loads is loaded by a real client: a tiny random DeepseekV4ForCausalLM made by
-transformers' own classes, written in DeepSeek's release format (fimoe_convert.testing.transformers_model),
-converted, and loaded with AutoModelForCausalLM.from_pretrained on the CPU; the logits must be bit-identical to the
-source's loaded the same way (max |logit diff| = 0)."""
+"""Every output a dense engine loads is loaded by a real client: the tiny fixture (`make_checkpoint(DIR, "tiny")`, the
+one generator; transformers' DeepseekV4ForCausalLM loads it with no missing or unexpected key) is converted and
+loaded with AutoModelForCausalLM.from_pretrained on the CPU; the logits must be bit-identical to the source's loaded
+the same way (max |logit diff| = 0). scripts/engines/transformers_versions.sh runs this file against other
+transformers versions."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import json
 import pytest
 import torch
 
-pytest.importorskip("transformers", minversion="5.24")
+transformers = pytest.importorskip("transformers", minversion="5.20")
 pytest.importorskip("accelerate")
 
 from fimoe_convert.convert import convert  # noqa: E402
+from fimoe_convert.demo import run_demo  # noqa: E402
+from fimoe_convert.testing import make_checkpoint  # noqa: E402
 from fimoe_convert.testing import transformers_model as tm  # noqa: E402
 
 OUTPUTS = {  # id -> (target, --param values, what config.json must say)
@@ -26,9 +29,10 @@ OUTPUTS = {  # id -> (target, --param values, what config.json must say)
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    src = tm.write_release_checkpoint(tmp_path_factory.mktemp("release") / "src")
+    src = make_checkpoint(tmp_path_factory.mktemp("release") / "src", "tiny")
     logits, info = tm.load_logits(src)
-    assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == []
+    assert torch.isfinite(logits).all()
     return src, logits
 
 
@@ -40,28 +44,37 @@ def test_output_loads_in_transformers_with_identical_logits(release, output, tmp
     got, info = tm.load_logits(tmp_path / "out")
     assert info["missing_keys"] == [] and info["unexpected_keys"] == []
     diff = float((got.float() - want.float()).abs().max())
-    print(f"{output}: max |logit diff| = {diff}")
+    print(f"transformers {transformers.__version__} {output}: max |logit diff| = {diff}")
     assert diff == 0.0 and torch.equal(got, want)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert ("quantization_config" in cfg) == bool(config["quantization_config"])
     assert cfg.get("expert_dtype") == config["expert_dtype"]
 
 
-def test_the_release_writer_is_the_reference(release, tmp_path):
+def test_the_demo_checkpoint_and_its_bf16_output_load_with_identical_logits(tmp_path):
+    summary = run_demo(tmp_path / "demo")
+    assert summary["ok"], summary["summary"]
+    want, info = tm.load_logits(tmp_path / "demo" / "src")
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [] and info["mismatched_keys"] == []
+    got, info = tm.load_logits(tmp_path / "demo" / "out-bf16")
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+    diff = float((got.float() - want.float()).abs().max())
+    print(f"transformers {transformers.__version__} demo bf16: max |logit diff| = {diff}")
+    assert torch.isfinite(want).all() and diff == 0.0 and torch.equal(got, want)
+
+
+def test_a_changed_expert_byte_changes_the_logits(release, tmp_path):
     """The check can fail: a converted output whose one expert byte differs gives other logits."""
     src, want = release
     out = tmp_path / "out"
     convert(str(src), str(out), "fp8_block")
-    from fimoe_convert.files.output import read_output_tensors
-
-    name = "layers.1.ffn.experts.0.w1.weight"
-    w = read_output_tensors(out, [name])[name]
     from safetensors.torch import load_file, save_file
 
+    name = "layers.1.ffn.experts.0.w1.weight"
     shard = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"][name]
     tensors = load_file(str(out / shard))
-    flipped = w.view(torch.uint8).clone()
-    flipped[0, :64] ^= 0x08  # sign bit of 64 E4M3 values
+    flipped = tensors[name].view(torch.uint8).clone()
+    flipped[:, :64] ^= 0x80  # sign bit of 64 E4M3 values in every row
     tensors[name] = flipped.view(torch.float8_e4m3fn)
     save_file(tensors, str(out / shard), metadata={"format": "pt"})
     got, _ = tm.load_logits(out)

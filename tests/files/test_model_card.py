@@ -177,7 +177,7 @@ def test_hub_cache_source_two_conversions_give_identical_digests(hub_cache, tmp_
 
 def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
-    res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--dry-run", "--shard-size", "3MB"])
+    res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--dry-run", "--shard-size", "4MB"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     assert lines[0] == "plan for --target bf16 on cpu: 3 shards"
