@@ -88,7 +88,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files", "targets"},
     "publish": _BASE | {"files"},
-    "verification": _BASE | {"files", "options", "plan", "targets"},
+    "verification": _BASE | {"files", "kernels", "numerics", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
     "eta": _BASE,
     "console": _BASE,

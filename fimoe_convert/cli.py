@@ -47,25 +47,39 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+_STOPPING: list[int] = []  # the signal that stopped this process: ignored to the end (a second Ctrl-C)
+_STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this process runs another command (tests)
+
+
 def _on_signal(signum, frame):
     for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
         signal.signal(s, signal.SIG_IGN)
+    _STOPPING.append(signum)
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def _signals_interrupt():
     """While a command runs, SIGINT, SIGTERM and SIGHUP raise Interrupted (once); signals the process was started
-    ignoring (nohup, a background job) stay ignored, and the handlers are put back after."""
+    ignoring (nohup, a background job) stay ignored, and the handlers are put back after, unless a signal stopped
+    the command: then they stay ignored through exit (Python resets its own handlers at exit, and a second Ctrl-C
+    would end the process with rc -2 or a traceback)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    for s, h in _STOPPED_FROM.items():
+        signal.signal(s, h)
+    _STOPPING.clear()
+    _STOPPED_FROM.clear()
     previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
         for s, h in previous.items():
-            signal.signal(s, h)
+            if _STOPPING:
+                _STOPPED_FROM[s] = h
+            else:
+                signal.signal(s, h)
 
 
 def _debug() -> bool:
@@ -126,7 +140,9 @@ class TargetName(click.ParamType):
 
 
 def _emit(obj, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else text)
+    # Text: control characters but the line breaks escaped (a name read from a file sends no escape sequence).
+    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else
+               "\n".join(one_line(line) for line in text.split("\n")))
 
 
 def _params(pairs: tuple[str, ...]) -> dict:
@@ -305,6 +321,8 @@ def _checkpoint_text(r: dict) -> str:
 
 def _converted_text(r: dict) -> str:
     m, t, origin = r["model"], r["target"], r["from"]
+    origin = {k: one_line(v) if isinstance(v, str) else v for k, v in origin.items()}  # from a manifest: one line each
+    t = {k: one_line(v) if isinstance(v, str) else v for k, v in t.items()}
     return "\n".join([
         f"{r['source']}: a fimoe-convert output for --target {t['name']}"
         + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
@@ -388,8 +406,8 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
     if dry_run:
         text = "\n".join([f"would upload {plural(r['files'], 'file')}, {r['human']} ({r['bytes']} bytes) to {where}"
                           + (" (private)" if private else ""),
-                          *[f"  {f['file']}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
-                          *[f"  not uploaded (not in the manifest): {f}" for f in r["not_uploaded"]],
+                          *[f"  {one_line(f['file'])}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
+                          *[f"  not uploaded (not in the manifest): {one_line(f)}" for f in r["not_uploaded"]],
                           "token: " + ("found (not shown)" if r["token_found"] else
                                        "none found: set HF_TOKEN or run `hf auth login` before uploading")])
     else:

@@ -38,6 +38,7 @@ from .files.manifest import (
     write_rank_status,
 )
 from .files.names import INDEX_NAME
+from .files.out_space import reclaimable_bytes
 from .files.output import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.source import Source, open_source
 from .files.stream import StreamedSource, check_stream_flags, open_streamed
@@ -138,7 +139,7 @@ def convert(
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
         # 5. The plan and the free disk; a dry run ends here, with its estimate.
         todo = [s for s in plan.shards if s.filename not in kept]
-        result = _result(out_dir, source, converter, plan, kept, todo, dry_run)
+        result = _result(out_dir, source, converter, plan, kept, todo, dry_run, overwrite)
         if dry_run:
             result.estimate, result.seconds = eta.estimate(source, converter, plan)[0], time.perf_counter() - t0
             return result
@@ -258,10 +259,12 @@ def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, 
 
 
 def _result(out_dir: Path, source: Source, converter, plan: Plan, kept: dict, todo: list[OutShard],
-            dry_run: bool) -> ConvertResult:
+            dry_run: bool, overwrite: bool = False) -> ConvertResult:
     """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
     the room for the shards and copied files, with headroom."""
     disk, free = free_disk(out_dir)
+    if overwrite:  # the earlier conversion is removed first: its bytes are free for this one
+        free += reclaimable_bytes(out_dir)
     result = ConvertResult(out=str(out_dir), target=converter.kernel.name, device=converter.opts.device,
                            shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from .console import plural
 from .conversion import convert
+from .errors import UsageError
 from .sizes import human
 from .testing import folder_bytes, fresh_folder, make_checkpoint
+from .testing.fixtures import work_folder_problem
 from .verification import verify
 
 DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
@@ -19,6 +21,9 @@ DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
 def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None = None) -> dict:
     """Returns a summary dict; `log` gets one line per step."""
     say = log or (lambda _s: None)
+    problem = work_folder_problem(Path(workdir), {"src", *(f"out-{t}" for t in DEMO_TARGETS)})
+    if problem:
+        raise UsageError(f"--workdir {problem}")
     work = fresh_folder(workdir)
     t0 = time.perf_counter()
     # Expert scales within the MXFP4 window of the megamoe kernel, so both targets convert losslessly.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checkpoint import parse_expert_name, variant_name
+from .errors import UsageError
 from .files.manifest import has_manifest, read_manifest
 from .files.source import open_source, resolve_source_root
 from .kernels import KERNELS
@@ -18,6 +19,9 @@ def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_
     """What the checkpoint holds (geometry, tensor classes, bytes) and which targets fit it; for a fimoe-convert
     output, what it was converted for and from (its manifest). A Hub repo's weights are not downloaded: shards
     not in the local cache are described from their headers on the Hub."""
+    if type(ep_size) is not int or ep_size < 1:  # flags first, before SRC is opened (exit 2)
+        raise UsageError(f"--ep-size {ep_size}: must be 1 or more (the number of expert-parallel ranks)")
+    parse_arch(arch)
     root = resolve_source_root(src, revision, offline, weights=False)[0]
     if has_manifest(root):
         return describe_output(src, root)

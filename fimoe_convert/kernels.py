@@ -45,6 +45,9 @@ class Kernel:
     # them.
     expert_chunks: bool = False
     expert_chunks_unless: dict[str, str] = field(default_factory=dict)  # a --param value under which they are not
+    # The only dataclasses a stored structure of this target may name ("module:qualname" -> {field: "tensor" or a
+    # plain type}): the runtime imports these exact names, never one read from a manifest.
+    structure_classes: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _moe_ep(name: str, description: str, *, capabilities: tuple[str, ...], weights: str, activations: str,
@@ -93,7 +96,13 @@ KERNELS: tuple[Kernel, ...] = (
             recommended=True, expert_chunks=True),
     _moe_ep("sm120_mxfp4_mxfp8_bf16_cake", "SM120 cake megakernel, MXFP8 activations x MXFP4 weights",
             capabilities=("12.0",), weights="mxfp4 (FP4 checkpoint verbatim)", activations="mxfp8",
-            config_class="Sm120_Mxfp4_Mxfp8_Bf16_Cake_MegaMoeConfig", pack_format="fp4", recommended=True),
+            config_class="Sm120_Mxfp4_Mxfp8_Bf16_Cake_MegaMoeConfig", pack_format="fp4", recommended=True,
+            structure_classes={"flashinfer.moe_ep.backends.mega.kernel.sm120.mxfp4_mxfp8_bf16_cake.cake_weights:"
+                               "TransformedCakeMegaWeights": {
+                                   **dict.fromkeys(("w1_fp4", "w1_sfb", "w2_fp4", "w2_sfb", "w1_b8", "w2_b8"),
+                                                   "tensor"),
+                                   "hidden_size": "int", "intermediate_size": "int", "local_experts": "int",
+                                   "has_shared_expert": "bool"}}),
     _moe_ep("sm100_bf16_bf16_bf16_cutedsl",
             "SM100 CuTe-DSL megakernel on BF16 weights (exact dequant of the FP4 experts)",
             capabilities=SM100, weights="bf16 (exact dequant)", activations="bf16",

@@ -35,10 +35,9 @@ def resolve_device(device: str) -> str:
 def parse_arch(arch: str | None) -> tuple[int, int] | None:
     if arch is None:
         return None
-    try:
-        major, minor = (int(p) for p in arch.split("."))
-    except ValueError:
+    if not re.fullmatch(r"[0-9]{1,2}\.[0-9]{1,2}", arch):  # int() would take "-1", " 9", "1_0"
         raise UsageError(f"--arch {arch}: expected a compute capability like 9.0 or 10.0") from None
+    major, minor = (int(p) for p in arch.split("."))
     return major, minor
 
 

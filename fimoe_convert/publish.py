@@ -57,6 +57,9 @@ def check_repo_id(repo_id: str, flag: str = "REPO_ID") -> None:
         raise UsageError(f"{flag} {repo_id!r}: expected NAMESPACE/NAME (your user or organization, then the repo)")
 
 
+BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")  # git's ref rules, a safe subset
+
+
 def upload(out: str, repo_id: str, *, private: bool = False, revision: str | None = None,
            dry_run: bool = False, token: str | None = None, endpoint: str | None = None,
            commit_message: str | None = None, progress=None) -> dict:
@@ -74,6 +77,10 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
         raise UsageError(f"OUT {out!r} is not a folder but REPO_ID {repo_id!r} is: did you swap them? The command is "
                          f"`fimoe-convert upload OUT REPO_ID` (the reverse of `hf upload REPO_ID PATH`)")
     check_repo_id(repo_id)
+    if revision is not None and not BRANCH.fullmatch(revision) or ".." in (revision or "") or \
+            (revision or "").endswith((".lock", "/")):
+        raise UsageError(f"--revision {revision!r}: not a branch name (letters, digits, '.', '_', '-' and '/' between "
+                         "parts; no '..', no leading '/' or '-'), e.g. main or convert-v1")
     out_dir, manifest, files, strays = upload_plan(out, progress)
     total = sum(f["bytes"] for f in files)
     if dry_run and not token and os.environ.get("HF_OIDC_RESOURCE"):

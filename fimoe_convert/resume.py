@@ -2,7 +2,7 @@
 
 A finished shard is kept when the earlier run had the same options and read the same source files, and the
 shard's size and sha256 still match its record; everything else is redone. An input is the same file when its
-size, mtime and inode are those recorded before the earlier run wrote anything, or else when its sha256 is the
+size, mtime, ctime and inode are those recorded before the earlier run wrote anything, or else when its sha256 is the
 one recorded; any other input refuses the resume (a kept shard would hold the old bytes)."""
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def previous_run(out_dir: Path, options: dict, source: Source, group: Group) -> 
 
 
 def same_inputs(out_dir: Path, old: Manifest, source: Source) -> dict[str, str | None]:
-    """{input: sha256 or None} for SRC's inputs when each is the file the earlier run recorded (same size, mtime
-    and inode; else, where a sha256 was recorded, the same bytes); an InputError naming the first that is not."""
+    """{input: sha256 or None} for SRC's inputs when each is the file the earlier run recorded (same size, mtime,
+    ctime and inode; else, where a sha256 was recorded, the same bytes); an InputError naming the first that is not."""
     recorded = old.source.files
     now = source.input_files()
     added, gone = sorted(set(now) - set(recorded)), sorted(set(recorded) - set(now))

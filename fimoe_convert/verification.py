@@ -9,8 +9,11 @@ import torch
 
 from .errors import InputError, UsageError
 from .files.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .files.output import read_output_tensors, verify_files
+from .files.out_space import stray_single_file
+from .files.output import output_tensor_bytes, read_output_tensors, verify_files
 from .files.source import Source, open_source
+from .kernels import BY_NAME
+from .numerics.structure_check import structure_problem
 from .options import parse_arch
 from .plan import piece_rows
 from .targets import TargetOptions, get_kernel, make_target
@@ -19,11 +22,17 @@ from .targets import TargetOptions, get_kernel, make_target
 def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> dict:
     """Re-hash every output file against the manifest (in parallel; `progress(done bytes, total bytes)`) and check
     index, manifest and headers agree. With `deep`, check that the source is the one the output was converted from
-    (sizes, and sha256s the manifest recorded), then re-derive `samples` units from it and compare them bit for bit."""
+    (sizes, and the sha256 of every input, hashed now), then re-derive `samples` units from it and compare them bit
+    for bit."""
     out_dir = Path(out)
     manifest = read_manifest(out_dir)
     res = verify_files(out_dir, manifest, progress)
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
+    if not res.problems:
+        res.problems.extend(structure_problems(out_dir, manifest))
+    stray = stray_single_file(out_dir, manifest.files)
+    if stray:
+        res.problems.append(stray)
     if res.problems or not deep:
         return report
     source = _source(manifest, src, out_dir)
@@ -40,13 +49,44 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
         for name, w in want.items():
             lo, hi = rows[(unit.key, name)]
             g = got[name] if (lo, hi) == (0, got[name].shape[0]) else got[name][lo:hi]
-            if g.shape != w.shape or not torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)):
+            same = torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8))
+            if g.shape != w.shape or not same:
                 report["problems"].append(f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; "
                                           "the output is damaged, convert again with --overwrite")
         report["deep_checked"] += 1
         if report["problems"]:
             break
     return report
+
+
+def structure_problems(out_dir: Path, manifest: Manifest) -> list[str]:
+    """Each block's stored structure checked as the runtime loader checks it (the kernel table's classes, each
+    tensor's bytes in the shard headers), without FlashInfer; one problem per bad block and rank."""
+    where = out_dir / MANIFEST_NAME
+    target = manifest.target
+    kernel = BY_NAME.get(target.name)
+    if kernel is None or kernel.kernel_name != target.kernel_name:
+        return [f"{where}: target {target.name[:80]!r} with kernel "
+                f"{str(target.kernel_name)[:80]!r} is not a target of this fimoe-convert; "
+                f"{OUT_DAMAGED_HINT}"]
+    if kernel.kernel_name is None:
+        return []  # dense engines' outputs: tensors by name, no structure to rebuild
+    try:
+        nbytes = output_tensor_bytes(out_dir)
+    except InputError as e:
+        return [str(e)]
+    problems = []
+    for layer, ranks in sorted(manifest.layers.items()):
+        for rank, rec in sorted(ranks.items()):
+            structure = rec.get("structure") if isinstance(rec, dict) else None
+            bad = structure_problem(structure, kernel.structure_classes, nbytes) if structure is not None else \
+                "no structure object"
+            if bad:
+                problems.append(f"{where}: block {layer[:80]!r} rank {rank[:20]}: {bad}; {OUT_DAMAGED_HINT}")
+    return problems
+
+
+OUT_DAMAGED_HINT = "the manifest is damaged or not fimoe-convert's: do not load it; convert again with --overwrite"
 
 
 def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
@@ -63,7 +103,8 @@ def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
         raise e
     problems = []
     for rel, want in sorted(rec.files.items()):
-        got = source.file_record(rel, compute_hash=False) if rel in source.input_files() else None
+        # Hashed (unless known): an input rewritten in place with its size kept is the source's fault, not OUT's.
+        got = source.file_record(rel, compute_hash=want.sha256 is not None) if rel in source.input_files() else None
         if got is None:
             problems.append(f"{rel}: not in {spec}")
         elif got.size != want.size or (got.sha256 and want.sha256 and got.sha256 != want.sha256):

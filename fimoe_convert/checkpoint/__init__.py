@@ -3,10 +3,10 @@
 from .spec import (
     EXPERT_LEGS,
     ExpertKey,
-    expert_name,
     ModelSpec,
     check_counts,
     expected_expert_tensors,
+    expert_name,
     fp8_linears,
     leg_shape,
     model_spec_from_config,

@@ -11,8 +11,11 @@ file) need both."""
 from __future__ import annotations
 
 import os
+import queue
 import re
 import struct
+import threading
+import time
 from pathlib import Path
 
 from ..errors import InputError, UsageError
@@ -26,6 +29,8 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 METADATA_MAX_BYTES = 4096  # a `hf download --local-dir` metadata file is three short lines
 FIRST_BYTES = 1 << 20  # the first request asks for this much: most headers (V4's are about 100-300 KB) fit
 HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
+REQUEST_DEADLINE_S = 60.0  # seconds one ranged request may take in all (a read timeout restarts on every byte)
+WAIT_STEP_S = 0.5  # the main thread wakes this often while headers are read: a signal is handled at once
 
 
 # What `hf download --local-dir` leaves beside each file: commit, etag (an LFS file's sha256), download time.
@@ -116,7 +121,7 @@ def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
                 r.read()  # the error's body, for hf_raise_for_status's message
             hf_raise_for_status(r)
             first = start if r.status_code == 206 else 0  # the file offset of the body's first byte
-            body = _read_at_most(r.iter_bytes(), end + 1 - first)
+            body = _read_at_most(r.iter_bytes(), end + 1 - first, time.monotonic() + REQUEST_DEADLINE_S)
             total = r.headers.get("Content-Range", "").rpartition("/")[2]
             size = int(total) if total.isdigit() else int(r.headers.get("Content-Length", first + len(body)))
     except OSError:
@@ -126,8 +131,9 @@ def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
     return body[start - first:], size
 
 
-def _read_at_most(chunks, limit: int) -> bytes:
-    """The first `limit` bytes of a stream of chunks; the rest is not read."""
+def _read_at_most(chunks, limit: int, deadline: float = float("inf")) -> bytes:
+    """The first `limit` bytes of a stream of chunks; the rest is not read. A TimeoutError past `deadline`
+    (time.monotonic()): a server sending a byte at a time never trips a read timeout."""
     got: list[bytes] = []
     n = 0
     for chunk in chunks:
@@ -135,6 +141,8 @@ def _read_at_most(chunks, limit: int) -> bytes:
         n += len(chunk)
         if n >= limit:
             break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{n} of {limit} bytes after {REQUEST_DEADLINE_S:.0f} s, the most one request may take")
     return b"".join(got)[:limit]
 
 
@@ -175,8 +183,6 @@ def describing_files(repo_id: str, revision: str | None) -> Path:
 
 def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[str, Header], list[str]]:
     """({shard: header} read from the Hub, problems), on a few threads: one round trip per shard, each small."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(rel: str):
         try:
             return remote_header(repo_id, rel, revision), None
@@ -186,6 +192,39 @@ def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[
             return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
                           f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
 
-    with ThreadPoolExecutor(HEADER_THREADS) as pool:
-        results = dict(zip(names, pool.map(one, names)))
+    results = _on_daemon_threads(one, list(dict.fromkeys(names)), HEADER_THREADS)
     return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]
+
+
+def _on_daemon_threads(fn, items: list, threads: int) -> dict:
+    """{item: fn(item)} computed on daemon threads, which a Ctrl-C or SIGTERM does not wait for (a pool's
+    threads are joined at exit, and a stuck request would hold the process); the main thread wakes every
+    WAIT_STEP_S, so its signal handler runs at once."""
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for item in items:
+        todo.put(item)
+
+    def work():
+        while True:
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((item, fn(item), None))
+            except BaseException as e:  # noqa: BLE001 - raised again in the main thread, which would wait forever
+                done.put((item, None, e))
+
+    for _ in range(min(threads, len(items))):
+        threading.Thread(target=work, daemon=True, name="fimoe-remote-header").start()
+    results: dict = {}
+    while len(results) < len(items):
+        try:
+            item, value, error = done.get(timeout=WAIT_STEP_S)
+        except queue.Empty:
+            continue
+        if error is not None:
+            raise error
+        results[item] = value
+    return {item: results[item] for item in items}

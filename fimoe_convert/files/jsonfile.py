@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from .safe_open import open_regular
 
 # Bytes per kind of file. The largest real ones: V4-Pro's index ~12 MB (140k tensors); a kernel target's
 # manifest for V4-Pro ~30 MB (tensor structures of 62 blocks x 8 ranks). Ten times that, and no more.
@@ -106,7 +107,7 @@ def read_json(path: Path, kind: str, schema=None, *, fix: str = "the file is dam
     path = Path(path)
     limit = MAX_BYTES[kind]
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO would block: refused
             data = f.read(limit + 1)
     except FileNotFoundError:
         raise InputError(f"{path}: not found" + (f"; {missing}" if missing else "")) from None

@@ -7,13 +7,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
+from datetime import UTC
 from pathlib import Path
 
 from .. import __version__
 from ..errors import InputError
-from .safetensors import write_failed
+from .atomic import write_failed
+from .names import LOCK_NAME
 
-LOCK_NAME = ".fimoe-lock"
 HOLDER_MAX_BYTES = 4096  # the holder line is ~100 bytes; more is not ours
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock: run unlocked
 
@@ -35,7 +37,7 @@ class OutLock:
             self.created = not self.out_dir.exists()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             for _ in range(3):
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = self._open()
                 if self._lock(fd):
                     break
                 os.close(fd)  # the lock file was removed by the run that held it: lock the new one
@@ -44,14 +46,44 @@ class OutLock:
                                  "make sure no other fimoe-convert run writes into this folder, then run again")
             os.ftruncate(fd, 0)
             import socket  # here, not at the top: `inspect` and `targets` start without it
-            from datetime import datetime, timezone
+            from datetime import datetime
 
-            started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started} "
                           f"(fimoe-convert {__version__})\n".encode(), 0)
         except OSError as e:
             raise write_failed(self.path, e) from e
         self.fd = fd
+
+    def _open(self) -> int:
+        """The lock file, opened without following a link or blocking on a FIFO, refused (InputError, one line with
+        the remedy) when it is not a regular file of its own: the run truncates and writes it."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EMLINK):
+                raise self._refuse(os.lstat(self.path)) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise self._refuse(st)
+        return fd
+
+    def _refuse(self, st: os.stat_result) -> InputError:
+        """Why the lock path cannot be the lock file, and how to clear it."""
+        if stat.S_ISLNK(st.st_mode):
+            what, fix = f"is a symbolic link (to {os.readlink(self.path)!r})", f"remove the link: rm {self.path}"
+        elif stat.S_ISDIR(st.st_mode):
+            what, fix = "is a folder", f"move it out of OUT: mv {self.path} SOMEWHERE_ELSE"
+        elif not stat.S_ISREG(st.st_mode):
+            what, fix = "is not a regular file (a FIFO, socket or device)", f"remove it: rm {self.path}"
+        else:
+            what = f"has {st.st_nlink} hard links: it is also another file, which locking would overwrite"
+            fix = f"remove this name (the other file stays): rm {self.path}"
+        return InputError(f"OUT {self.out_dir}: {LOCK_NAME} {what}; fimoe-convert writes its lock only into a file "
+                          f"of its own; {fix}, then run again")
 
     def _lock(self, fd: int) -> bool:
         """Lock `fd`; False when the path no longer names the locked file; an InputError when another run
@@ -70,7 +102,7 @@ class OutLock:
                              f"({holder[0] if holder else 'its holder is not recorded'}); wait for it to end or stop "
                              "it, then run again (one run at a time per OUT)") from None
         try:
-            return os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            return os.fstat(fd).st_ino == os.lstat(self.path).st_ino
         except FileNotFoundError:
             return False
 

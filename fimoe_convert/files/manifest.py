@@ -15,6 +15,7 @@ from ..errors import InputError
 from .atomic import atomic_write_bytes
 from .jsonfile import read_json, shown
 from .names import MANIFEST_NAME, RANK_STATUS
+from .paths import name_problem
 
 SCHEMA = "fimoe-manifest/1"
 STATUSES = ("pending", "written")
@@ -119,24 +120,25 @@ class FileRecord:
 @dataclass
 class SourceFile:
     """An input file of SRC: size and sha256 (None until hashed); while the run is in progress also its identity
-    (mtime_ns, inode, dev), so that --resume knows an unchanged file without reading it."""
+    (mtime_ns, inode, dev, ctime_ns), so that --resume knows an unchanged file without reading it."""
 
     size: int
     sha256: str | None
     mtime_ns: int | None = None
     inode: int | None = None
     dev: int | None = None
+    ctime_ns: int | None = None  # every write sets it and nothing sets it back (`touch -r` restores mtime only)
 
     @classmethod
     def from_json(cls, d, path: str, f: Fields) -> SourceFile:
         f.value(d, OBJ, path)
         return cls(f.get(d, "size", NONNEG, path), f.get(d, "sha256", nullable(HEX64), path),
                    f.get(d, "mtime_ns", INT, path, None), f.get(d, "inode", NONNEG, path, None),
-                   f.get(d, "dev", NONNEG, path, None))
+                   f.get(d, "dev", NONNEG, path, None), f.get(d, "ctime_ns", INT, path, None))
 
     def identity(self) -> dict:
-        return {k: v for k, v in (("size", self.size), ("mtime_ns", self.mtime_ns), ("inode", self.inode),
-                                  ("dev", self.dev)) if v is not None}
+        return {k: v for k, v in (("size", self.size), ("mtime_ns", self.mtime_ns), ("ctime_ns", self.ctime_ns),
+                                  ("inode", self.inode), ("dev", self.dev)) if v is not None}
 
     def to_json(self) -> dict:
         return {**self.identity(), "sha256": self.sha256}
@@ -348,6 +350,9 @@ def read_manifest(out_dir: Path, require_complete: bool = False, purpose: str = 
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"OUT {out_dir}: is a file; expected a folder written by fimoe-convert")
     fix = f"the manifest is damaged: {REMEDY[purpose]}"
+    outside = path.is_symlink() and name_problem(MANIFEST_NAME, out_dir, str(path), "manifest", "OUT")
+    if outside:  # a link out of OUT: what it points to is not this output's
+        raise InputError(f"{outside}; {fix}")
     data = read_json(path, "manifest", fix=fix, missing=f"{out_dir} is not a fimoe-convert output folder "
                                                          "(run fimoe-convert SRC OUT first)")
     seen = data.get("schema") if isinstance(data, dict) else None
@@ -412,7 +417,7 @@ def read_rank_status(out_dir: Path) -> dict[str, FileRecord]:
             f = Fields(str(p))
             f.value(data, OBJ, "")
             f.get(data, "rank", NONNEG, "")
-            files.update(f.mapping(data, "files", "", lambda v, q: FileRecord.from_json(v, q, f)))
+            files.update(f.mapping(data, "files", "", lambda v, q, f=f: FileRecord.from_json(v, q, f)))
         except InputError:
             continue  # a torn or damaged status file only means those shards are redone
     return files

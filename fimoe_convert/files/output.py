@@ -184,6 +184,19 @@ def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") ->
     return out
 
 
+def output_tensor_bytes(out_dir: Path) -> dict[str, int]:
+    """{tensor name: stored bytes} from the headers of the shards the index names (only names inside OUT)."""
+    index_path = Path(out_dir) / INDEX_NAME
+    weight_map = read_out_index(index_path)[0]
+    found: dict[str, int] = {}
+    for rel in sorted(set(weight_map.values())):
+        bad = name_problem(rel, Path(out_dir), str(index_path), "shard", "OUT")
+        if bad:
+            raise InputError(f"{bad}; {OUT_DAMAGED}")
+        found.update({n: info.nbytes for n, info in read_header(Path(out_dir) / rel).tensors.items()})
+    return found
+
+
 def same_file_id(path: Path) -> tuple[int, int] | None:
     """(st_dev, st_ino) of `path` (links followed), or None if it does not exist."""
     try:
@@ -197,7 +210,7 @@ def ancestor_ids(path: Path) -> list[tuple[int, int]]:
     """(st_dev, st_ino) of the nearest existing folder of `path` and of every folder above it: what `path` lies
     in, whatever links or bind mounts lead there."""
     ids = []
-    p = Path(os.path.abspath(path))
+    p = Path(os.path.realpath(path))  # links resolved before each `..`, as the kernel does (abspath would not)
     while True:
         found = same_file_id(p)
         if found:

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 from ..errors import UsageError
+from .safe_open import open_regular
 
 # Every key but `model` is a keyword argument of convert() and a flag of `convert`, whose own type converts it
 # (the CLI puts the values into click's default_map); `params` (--param KEY=VALUE) is a table of strings.
@@ -20,10 +21,12 @@ def load_preset(path: str | Path) -> dict:
     flags are converted, and their problems reported, by the CLI)."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise UsageError(f"--config {path}: {path.stat().st_size} bytes, more than a preset's {MAX_BYTES}; "
+        with open_regular(path) as f:  # a FIFO or /dev/zero: refused, and never more than MAX_BYTES + 1 read
+            raw = f.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise UsageError(f"--config {path}: more than {MAX_BYTES} bytes, more than a preset has; "
                              "pass a preset file (configs/convert/*.toml)")
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(raw.decode())
     except FileNotFoundError:
         raise UsageError(f"--config {path}: no such file; the presets are in configs/convert/") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -18,12 +18,12 @@ from ..checkpoint import (
     natural_key,
     parse_expert_name,
 )
-from ..errors import InputError, ValidationError
+from ..errors import CONTROL, InputError, ValidationError
 from .hashing import sha256_file
 from .hub_source import SHA256_RE, local_dir_sha256, remote_headers, resolve_source_root
 from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
-from .names import INDEX_NAME, SINGLE_NAME, is_tool_name
-from .paths import name_problem
+from .names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, is_tool_name
+from .paths import NAME_MAX, name_problem
 from .st_header import Header, TensorInfo, as_typed, read_header
 from .st_reader import read_bytes
 
@@ -33,7 +33,9 @@ CONFIG_SCHEMA = Obj(optional={"quantization_config": Nullable(Obj()), "architect
                               "text_config": Nullable(Obj(optional={"quantization_config": Nullable(Obj())})),
                               "model_type": Any})
 INDEX_SCHEMA = Obj({"weight_map": MapOf(str)}, {"metadata": Nullable(Obj())})
-SAME_FILE = ("size", "mtime_ns", "inode")  # equal in two identity records: the same file, unchanged, not read again
+# Equal in two identity records: the same file, unchanged, not read again. ctime: every write sets it and nothing
+# sets it back (`cp -p` or `touch -r` restore size and mtime only).
+SAME_FILE = ("size", "mtime_ns", "ctime_ns", "inode")
 
 
 @dataclass(frozen=True)
@@ -133,9 +135,10 @@ class Source:
         return {n: (self.info(n).dtype, self.info(n).shape) for n in self.weight_map if parse_expert_name(n) is None}
 
     def identity(self, rel: str) -> dict:
-        """{size, mtime_ns, inode, dev} of an input file now (links followed: a Hub blob's own)."""
+        """{size, mtime_ns, ctime_ns, inode, dev} of an input file now (links followed: a Hub blob's own)."""
         st = (self.root / rel).stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "dev": st.st_dev}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+                "dev": st.st_dev}
 
     def hash_input(self, rel: str) -> str:
         """The sha256 of an input file, refused (InputError naming the file) when the file is not the one opened:
@@ -195,6 +198,11 @@ def identity_change(old: dict, new: dict) -> str:
         parts.append(f"size {old.get('size')} -> {new.get('size')} bytes")
     if old.get("mtime_ns") != new.get("mtime_ns"):
         parts.append(f"modified {when(new.get('mtime_ns'))}, recorded {when(old.get('mtime_ns'))}")
+    elif old.get("ctime_ns") is None and new.get("ctime_ns") is not None:
+        parts.append("its change time (ctime) was not recorded, so an in-place write cannot be ruled out")
+    elif old.get("ctime_ns") != new.get("ctime_ns"):
+        parts.append(f"written or its attributes changed {when(new.get('ctime_ns'))} (its modification time was "
+                     f"set back), recorded {when(old.get('ctime_ns'))}")
     if old.get("inode") != new.get("inode") or old.get("dev") != new.get("dev"):
         parts.append("replaced by another file (inode "
                      f"{old.get('inode')} -> {new.get('inode')})")
@@ -265,6 +273,7 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
                         "disagreements between the index and the shard headers"))
     raise_if(check_experts(model, {name: headers[rel].tensors[name] for name, rel in weight_map.items()}))
     extra, skipped = _small_files(root, allowed)
+    raise_if(summarized([f"{root}: file {n!r}: {why}" for n in extra if (why := copy_name_problem(n))], "file names"))
     source = Source(spec=spec, root=root, repo_id=repo_id, revision=commit, config=config, model=model,
                     weight_map=dict(weight_map), headers=headers, extra_files=extra, allowed=allowed, skipped=skipped,
                     remote=frozenset(remote))
@@ -293,6 +302,21 @@ def _disagreements(root: Path, where: str, weight_map: dict[str, str], headers: 
         if name not in weight_map:
             problems.append(f"{root / rel}: holds tensor {name!r}, which the index does not list")
     return problems
+
+
+def copy_name_problem(name: str) -> str | None:
+    """Why SRC's file `name` cannot be copied into OUT (where it is written as NAME.fimoe-tmp, then renamed, and
+    listed in a UTF-8 manifest), or None: said when SRC is opened, not after every shard is written."""
+    try:
+        size = len((name + TMP_SUFFIX).encode())
+    except UnicodeEncodeError:
+        return ("its name is not valid UTF-8, which the manifest cannot record; rename it or move it out of the "
+                "checkpoint")
+    if size > NAME_MAX or CONTROL.search(name):
+        return (f"its name ({len(name.encode())} bytes{', with a control character' if CONTROL.search(name) else ''}) "
+                f"cannot be copied into OUT, where it is written as NAME{TMP_SUFFIX} (at most {NAME_MAX} bytes, no "
+                "control character); rename it or move it out of the checkpoint")
+    return None
 
 
 def _small_files(root: Path, allowed: Path) -> tuple[list[str], list[str]]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..dtypes import DTYPES, tensor_nbytes, torch_dtype
-from ..errors import InputError
+from ..errors import CONTROL, InputError
+from .safe_open import open_regular
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own cap
 HEADER_ALIGN = 8  # bytes; headers are space-padded so data starts 8-aligned
@@ -72,6 +73,9 @@ def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Heade
     data_start = 8 + n
     tensors: dict[str, TensorInfo] = {}
     for name, entry in obj.items():
+        if CONTROL.search(name) or not name.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") == name:
+            raise InputError(f"{where}: tensor name {name[:60]!r} holds a control character or a lone surrogate (not "
+                             "valid Unicode); the file is corrupt or not safetensors")
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             raise InputError(f"{where}: tensor {name!r}: header entry must have exactly dtype, shape, "
                              f"data_offsets; saw {entry!r:.200}")
@@ -108,7 +112,7 @@ def read_header(path: Path, where: str | None = None) -> Header:
     """Read and validate the header of the safetensors file at `path` (no tensor data)."""
     where = where or str(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO would block: refused
             size = os.fstat(f.fileno()).st_size
             header = parse_header(f.read(8), f.read, size, where)
     except OSError as e:

@@ -19,9 +19,9 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Callable
 
 from ..errors import InputError, UsageError
 from .http_range import Stop, read_range
@@ -71,7 +71,8 @@ def open_streamed(spec: str, revision: str | None) -> "StreamedSource":
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); check the repo id, "
                          "--revision and your token (HF_TOKEN)") from None
     except OSError as e:
-        raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network") from None
+        raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); "
+                         "check the network") from None
     base = open_source(spec, revision=snap.name, weights=False)
     source = StreamedSource(**{f.name: getattr(base, f.name) for f in fields(Source) if f.init})
     source.attach()
@@ -382,7 +383,8 @@ class StreamedSource(Source):
             raise self._error
         with self._cv:
             if name not in self._cache:
-                self._cache[name] = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+                empty = torch.empty(0, dtype=torch.uint8)
+                self._cache[name] = torch.frombuffer(buf, dtype=torch.uint8) if buf else empty
                 self._used += info.nbytes
 
     def read_raw(self, name: str, out=None):

@@ -9,16 +9,13 @@ Dtypes safetensors lacks (float4_e2m1fn_x2) are stored as their bytes and viewed
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import torch
 
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
+from .structure_check import stored_nbytes, structure_problem  # noqa: F401  (the check that comes before unflatten)
 
 _STORED_AS_BYTES = {torch.float4_e2m1fn_x2}
-# Packages whose dataclasses a stored structure may name: a structure read from a manifest (possibly downloaded)
-# must not make the loader import whatever module it names.
-DATACLASS_PACKAGES = ("flashinfer",)
 
 
 def _span(t: torch.Tensor) -> int:
@@ -63,27 +60,33 @@ def flatten(obj, prefix: str, top_names: tuple[str, ...] = ()) -> tuple[dict, di
     return walk(obj, prefix), tensors
 
 
-def unflatten(node: dict, tensors: dict[str, torch.Tensor]):
-    """Rebuild what `flatten` stored, from the stored tensors by name (on any device)."""
+def unflatten(node: dict, tensors: dict[str, torch.Tensor], classes: dict[str, type] | None = None):
+    """Rebuild what `flatten` stored, from the stored tensors by name (on any device). `classes`: the dataclasses
+    the structure may name, {"module:qualname": class} resolved by the caller from its own table; a name comes
+    from the file and is only looked up there, never imported. Check the node first (`structure_problem`)."""
+    classes = classes or {}
     if "none" in node:
         return None
     if "tuple" in node:
-        return tuple(unflatten(n, tensors) for n in node["tuple"])
+        return tuple(unflatten(n, tensors, classes) for n in node["tuple"])
     if "list" in node:
-        return [unflatten(n, tensors) for n in node["list"]]
+        return [unflatten(n, tensors, classes) for n in node["list"]]
     if "value" in node:
         return node["value"]
     if "dataclass" in node:
-        module, qualname = node["dataclass"].split(":")
-        if module.split(".")[0] not in DATACLASS_PACKAGES:
-            raise ValueError(f"dataclass {node['dataclass']!r} is not from {', '.join(DATACLASS_PACKAGES)}; "
-                             "refusing to import its module")
-        cls = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        return cls(**{k: unflatten(v, tensors) for k, v in node["fields"].items()})
+        cls = classes.get(node["dataclass"])
+        if cls is None:
+            raise ValueError(f"dataclass {node['dataclass']!r} is not one this target's kernel returns")
+        return cls(**{k: unflatten(v, tensors, classes) for k, v in node["fields"].items()})
     t = tensors[node["tensor"]]
     dtype = torch_dtype_from_name(node["dtype"])
+    want = stored_nbytes(node)
+    if t.dtype != dtype and not (dtype in _STORED_AS_BYTES and t.dtype == torch.uint8):
+        raise ValueError(f"tensor {node['tensor']!r} is stored as {torch_dtype_name(t.dtype)}, its structure says "
+                         f"{node['dtype']}")
+    if t.numel() * t.element_size() != want:
+        raise ValueError(f"tensor {node['tensor']!r} holds {t.numel() * t.element_size()} bytes, its structure "
+                         f"({node['dtype']} {node['shape']}) needs {want}")
     if t.dtype != dtype:
         t = t.view(dtype)
     if "stride" in node:

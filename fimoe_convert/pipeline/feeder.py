@@ -119,7 +119,8 @@ class Feeder:
             self.seconds[stage] += time.perf_counter() - t0
 
     def _reads(self) -> Iterator:
-        """Per group of shards taken from the queue: each shard's start, then its steps with the source bytes they need."""
+        """Per group of shards taken from the queue: each shard's start, then its steps with the source bytes they
+        need."""
         for group in iter(self.shards.take, None):
             for step in group_steps(group, self.plan.piece_bytes, IO_BLOCK, KEEP_MAX):
                 if isinstance(step, OutShard):

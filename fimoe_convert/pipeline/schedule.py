@@ -69,7 +69,7 @@ def linked_groups(shards: list[OutShard]) -> list[list[OutShard]]:
 
 
 def group_steps(shards: list[OutShard], piece_bytes: Callable[[str, str], int], block: int,
-                keep_max: int) -> list[Union[Step, OutShard]]:
+                keep_max: int) -> list[Step | OutShard]:
     """The steps that write `shards` one after another, each shard's steps after the shard itself; a stretch of
     one unit's pieces that runs on into the next shard is one run."""
     pieces: list[tuple[OutTensor, str | None, bool]] = []  # (tensor, unit or None for a copy, last piece)
@@ -98,7 +98,7 @@ def group_steps(shards: list[OutShard], piece_bytes: Callable[[str, str], int], 
             last_run[k] = i
         prev = k
 
-    steps: list[Union[Step, OutShard]] = []
+    steps: list[Step | OutShard] = []
     for i, (t, k, last) in enumerate(pieces):
         steps += starts.get(i, [])
         if k is None:

@@ -9,8 +9,8 @@ from .loader import (
     load_transformed_weights,
 )
 from .shim import (
-    EplbNotSupportedError,
     FI_MOE_EP_BACKENDS,
+    EplbNotSupportedError,
     FiMoeEpBackendSpec,
     IncompatibleTargetError,
     backend_spec,

@@ -10,7 +10,8 @@ import torch
 from ..errors import InputError
 from ..files.manifest import Manifest, read_manifest
 from ..files.output import read_output_tensors
-from ..numerics.structure import tensor_names, unflatten
+from ..kernels import BY_NAME
+from ..numerics.structure import structure_problem, tensor_names, unflatten
 
 
 def load_manifest(out_dir: str | Path) -> Manifest:
@@ -37,17 +38,45 @@ def load_transformed_weights(out_dir: str | Path | Manifest, layer: str, rank: i
         raise InputError(f"{m.out_dir}: target {m.target.name!r} has no kernel-ready weights to load; "
                          "convert with a FlashInfer target (fimoe-convert targets)")
     structure = m.layer_record(layer, rank)["structure"]
-    try:
-        names = tensor_names(structure)
-    except (KeyError, TypeError, AttributeError, RecursionError) as e:
-        raise m.damaged(f"the structure of {layer!r} rank {rank} is not one fimoe-convert writes "
-                        f"({e.__class__.__name__}: {e})") from None
+    kernel = BY_NAME.get(m.target.name)
+    if kernel is None or kernel.kernel_name != m.target.kernel_name:
+        raise m.damaged(f"target {str(m.target.name)[:80]!r} with kernel {str(m.target.kernel_name)[:80]!r} "
+                        "is not a kernel of this fimoe-convert (`fimoe-convert targets`)")
+    bad = structure_problem(structure, kernel.structure_classes)
+    if bad:
+        raise m.damaged(f"block {layer!r} rank {rank}: {bad}")
+    names = tensor_names(structure)
     tensors = read_output_tensors(m.out_dir, names, device=device)
     try:
-        return unflatten(structure, tensors)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, ImportError) as e:
+        return unflatten(structure, tensors, structure_classes(kernel))
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise m.damaged(f"the structure of {layer!r} rank {rank} cannot be rebuilt "
                         f"({e.__class__.__name__}: {e})") from None
+
+
+def structure_classes(kernel) -> dict[str, type]:
+    """The dataclasses the kernel table declares for `kernel`, imported by those exact names (from the table in
+    code, never from a file); refused when the installed FlashInfer's class has other fields."""
+    import dataclasses
+    import importlib
+
+    found = {}
+    for name, fields in kernel.structure_classes.items():
+        module, qualname = name.split(":")
+        try:
+            cls = importlib.import_module(module)
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+        except (ImportError, AttributeError) as e:
+            raise InputError(f"{name}: the installed FlashInfer lacks this class ({e}); install the flashinfer-python "
+                             "version the output was converted with (fimoe-manifest.json, tool.flashinfer)") from None
+        have = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else set()
+        if have != set(fields):
+            raise InputError(f"{name}: the installed FlashInfer's class has the fields {sorted(have)}, the output was "
+                             f"written for {sorted(fields)}; install the flashinfer-python version it was converted "
+                             "with (fimoe-manifest.json, tool.flashinfer)")
+        found[name] = cls
+    return found
 
 
 def load_megamoe_weights(out_dir: str | Path | Manifest, layer: str, rank: int = 0, device: str = "cpu"

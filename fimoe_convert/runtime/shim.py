@@ -18,10 +18,9 @@ import torch
 
 from .. import versions
 from ..errors import InputError, format_problems
-from ..kernels import BY_NAME, suggested, vllm_backends
-from ..targets.families import Family, config_class, family
-from ..targets.families import kernel_config as build_kernel_config
 from ..files.manifest import Manifest, TargetRecord
+from ..kernels import BY_NAME, suggested, vllm_backends
+from ..targets.families import Family, config_class, family, kernel_config as build_kernel_config
 from .loader import as_manifest, load_transformed_weights
 
 EPLB_FALLBACK = "flashinfer_cutlass"  # a vLLM MoE backend that supports EPLB
@@ -141,7 +140,8 @@ def check_compatible(manifest: Manifest | dict | str | Path, *, capability: tupl
             written = f" (written with flashinfer-python {recorded})" if recorded else ""
             found = "not installed" if have_s is None else f"{have_s} is installed"
             problems.append(f"flashinfer-python {found}: this output{written} needs flashinfer-python >= "
-                            f"{versions.show(need)} to load {_target_desc(t)}; pip install 'flashinfer-python>={versions.show(need)}', "
+                            f"{versions.show(need)} to load {_target_desc(t)}; "
+                            f"pip install 'flashinfer-python>={versions.show(need)}', "
                             "or convert with --target bf16 to serve without FlashInfer")
     if problems:
         raise IncompatibleTargetError(problems)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -54,7 +54,7 @@ class Target(ABC):
         """Turn one unit's source tensors (typed CPU tensors, by name) into its outputs (CPU, by name), on
         the options' device."""
 
-    def recycle(self, tensor: torch.Tensor) -> None:
+    def recycle(self, tensor: torch.Tensor) -> None:  # noqa: B027 - a hook most targets leave as it is
         """The converter is done with `tensor`, an output of `run`: a target may reuse its memory."""
 
     def report(self, units: Iterable[str] | None = None) -> dict:

@@ -17,8 +17,8 @@ Two output layouts (--param scale_dtype=...):
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 
@@ -124,7 +124,8 @@ class Fp8BlockTarget(Target):
         if n_lossy and not allow_lossy:
             tr, tc = (int(i) for i in r.lossy.nonzero()[0])
             rows, cols = block
-            sb = scales.view(torch.uint8)[tr * rows:(tr + 1) * rows, tc * cols // FP4_GROUP:(tc + 1) * cols // FP4_GROUP]
+            g0, g1 = tc * cols // FP4_GROUP, (tc + 1) * cols // FP4_GROUP  # the tile's scale groups
+            sb = scales.view(torch.uint8)[tr * rows:(tr + 1) * rows, g0:g1]
             raise LossyRepackError(
                 f"tensor {name!r}: tile ({tr}, {tc}) (rows {tr * rows}..{min(r.weight.shape[0], (tr + 1) * rows) - 1}, "
                 f"columns {tc * cols}..{min(r.weight.shape[1], (tc + 1) * cols) - 1}) is not exact in FP8 E4M3 "

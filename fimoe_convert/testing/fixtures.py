@@ -23,7 +23,6 @@ from ..files.atomic import atomic_write_bytes
 from ..files.names import INDEX_NAME
 from ..files.st_header import PlannedTensor, build_header
 from ..files.st_writer import ShardWriter
-
 from .inventory import (
     HC,
     PRESETS,
@@ -203,7 +202,8 @@ def make_checkpoint(out_dir: str | Path, preset: str = "tiny", *, sparse: bool =
     return out
 
 
-def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, commit: str = "c0ffee" * 6 + "c0ff") -> Path:
+def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str,
+                   commit: str = "c0ffee" * 6 + "c0ff") -> Path:
     """Lay `ckpt_dir` out as a Hugging Face cache entry (blobs named by sha256, snapshot links, refs/main),
     so the real huggingface_hub code resolves `repo_id` offline. Returns the snapshot folder."""
     import hashlib
@@ -224,6 +224,17 @@ def seed_hub_cache(ckpt_dir: str | Path, cache_dir: str | Path, repo_id: str, co
             link.unlink()
         os.symlink(f"../../blobs/{sha}", link)
     return snap
+
+
+def work_folder_problem(path: Path, ours: set[str]) -> str | None:
+    """Why `path` may not be emptied as a work folder (`fresh_folder`), or None: only a new folder, an empty one or
+    one holding nothing but the entries `ours` is taken."""
+    if path.exists() and not path.is_dir():
+        return f"{path}: is a file; expected a folder for the work (it is created if missing)"
+    if path.is_dir() and not {p.name for p in path.iterdir()} <= ours:
+        return (f"{path}: holds files other than an earlier demo's, and the folder is emptied first; choose a new or "
+                "empty folder")
+    return None
 
 
 def fresh_folder(path: str | Path) -> Path:

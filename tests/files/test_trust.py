@@ -732,7 +732,7 @@ def test_a_damaged_or_old_manifest_says_what_to_do(tiny_ckpt, tmp_path, damage):
 def test_the_runtime_loader_imports_no_module_a_manifest_names():
     from fimoe_convert.numerics.structure import unflatten
 
-    with pytest.raises(ValueError, match=r"dataclass 'os:system' is not from flashinfer; refusing to import"):
+    with pytest.raises(ValueError, match=r"dataclass 'os:system' is not one this target's kernel returns"):
         unflatten({"dataclass": "os:system", "fields": {}}, {})
 
 
