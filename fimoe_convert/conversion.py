@@ -83,30 +83,13 @@ class ConvertResult:
         return dict(self.__dict__)
 
 
-def convert(
-    src: str,
-    out: str,
-    target: str = "bf16",
-    *,
-    revision: str | None = None,
-    ep_size: int = 1,
-    device: str = "auto",
-    arch: str | None = None,
-    max_memory: str | int = DEFAULT_MAX_MEMORY,
-    shard_size: str | int = DEFAULT_SHARD_SIZE,
-    allow_lossy: bool = False,
-    params: dict | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    dry_run: bool = False,
-    offline: bool = False,
-    writers: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    check_progress: Callable[[int, int], None] | None = None,
-    command: str | None = None,
-    stream: bool = False,
-    upload_repo: str | None = None,
-) -> ConvertResult:
+def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = None, ep_size: int = 1,
+            device: str = "auto", arch: str | None = None, max_memory: str | int = DEFAULT_MAX_MEMORY,
+            shard_size: str | int = DEFAULT_SHARD_SIZE, allow_lossy: bool = False, params: dict | None = None,
+            resume: bool = False, overwrite: bool = False, dry_run: bool = False, offline: bool = False,
+            writers: int | None = None, progress: Callable[[int, int], None] | None = None,
+            check_progress: Callable[[int, int], None] | None = None, command: str | None = None,
+            stream: bool = False, upload_repo: str | None = None) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the

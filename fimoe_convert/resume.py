@@ -7,18 +7,16 @@ one recorded; any other input refuses the resume (a kept shard would hold the ol
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from .distributed import Group
 from .errors import InputError, UsageError
-from .files.hashing import ParallelHashes
+from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
 from .files.manifest import FileRecord, Manifest, Options, SourceRecord, has_manifest, read_manifest, read_rank_status
 from .files.output import matching_records
 from .files.source import SAME_FILE, Source, identity_change
 from .plan import Plan
 
-CORES_PER_HASH = 4  # threads hashing inputs to compare them: at most one per this many cores
 CHANGED = ("the shards kept would mix old and new source bytes: run with --overwrite in place of --resume to "
            "convert again from the current source")
 
@@ -71,7 +69,7 @@ def same_inputs(out_dir: Path, old: Manifest, source: Source) -> dict[str, str |
                              + f"; {CHANGED}")
         else:
             to_hash.append(rel)
-    threads = max(1, (os.cpu_count() or 1) // CORES_PER_HASH)
+    threads = hash_threads(CORES_PER_INPUT_HASH)
     hashes = ParallelHashes(to_hash, source.hash_input, threads, source.file_size).result()
     for rel in to_hash:
         check_sha(source.root / rel, hashes[rel], recorded[rel].sha256, out_dir)

@@ -7,7 +7,7 @@ the field, never another exception."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
@@ -100,8 +100,8 @@ def _check_text(s: str, where: str, fix: str) -> None:
             raise InputError(f"{where}: the string {s[:40]!r} is not valid Unicode (a lone surrogate); {fix}") from None
 
 
-def read_json(path: Path, kind: str, schema=None, *, fix: str = "the file is damaged", missing: str | None = None):
-    """The JSON value of the file `path`, of `kind` (a key of MAX_BYTES), checked against `schema` (see `check`).
+def read_json(path: Path, kind: str, *, fix: str = "the file is damaged", missing: str | None = None):
+    """The JSON value of the file `path`, of `kind` (a key of MAX_BYTES).
     Every error names the file; `fix` ends those about its content (what to do), `missing` the one for a file
     that does not exist."""
     path = Path(path)
@@ -117,71 +117,13 @@ def read_json(path: Path, kind: str, schema=None, *, fix: str = "the file is dam
     if len(data) > limit:
         raise InputError(f"{path}: larger than {limit} bytes, the most a {kind} file may have; {fix}")
     value = parse_json(data, str(path), fix)
-    if schema is not None:
-        check(value, schema, str(path), fix=fix)
     return value
 
 
-# ------------------------------------------------------------------------------------------- typed schemas
+# ------------------------------------------------------------------------------------------ typed reading
 #
-# A schema is a scalar kind (a key of SCALARS: `str`, `int` (bool excluded), `bool`, `NonNeg`, `Hex64`, `Any`) or
-# an instance of Obj / MapOf / ListOf / Nullable / OneOf below.
-
-Any = object()
-NonNeg = object()
-Hex64 = object()
-_HEX = frozenset("0123456789abcdef")
-SCALARS = {  # kind: (what a message says it expected, the test)
-    str: ("a string", lambda v: isinstance(v, str)),
-    int: ("an integer", lambda v: type(v) is int),
-    NonNeg: ("an integer >= 0", lambda v: type(v) is int and v >= 0),
-    bool: ("true or false", lambda v: type(v) is bool),
-    Hex64: ("a sha256 (64 hex digits)", lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= _HEX),
-    Any: ("any value", lambda v: True),
-}
-
-
-@dataclass(frozen=True)
-class Obj:
-    """An object with `required` and `optional` fields ({name: schema}); other fields are allowed."""
-
-    required: dict = field(default_factory=dict)
-    optional: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MapOf:
-    """An object whose every value has schema `value` (keys are strings)."""
-
-    value: object
-
-
-@dataclass(frozen=True)
-class ListOf:
-    item: object
-
-
-@dataclass(frozen=True)
-class Nullable:
-    inner: object
-
-
-@dataclass(frozen=True)
-class OneOf:
-    values: tuple
-
-
-def describe(schema) -> str:
-    if isinstance(schema, (Obj, MapOf)):
-        return "an object"
-    if isinstance(schema, ListOf):
-        return "a list"
-    if isinstance(schema, Nullable):
-        return f"{describe(schema.inner)} or null"
-    if isinstance(schema, OneOf):
-        return "one of " + ", ".join(repr(v) for v in schema.values)
-    return SCALARS[schema][0]
-
+# Reading typed fields out of parsed JSON (the manifest's records, SRC's config and index): each kind is (what a
+# message says it expected, the test), and the first value that does not fit is one InputError naming the field.
 
 def shown(value) -> str:
     """A value as an error message shows it: scalars as repr (cut), containers by kind and size."""
@@ -193,47 +135,60 @@ def shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _field(path: str, key: str) -> str:
+_HEX = frozenset("0123456789abcdef")
+# Kinds of values: (what a message says it expected, the test).
+STR = ("a string", lambda v: isinstance(v, str))
+INT = ("an integer", lambda v: type(v) is int)
+NONNEG = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
+BOOL = ("true or false", lambda v: type(v) is bool)
+HEX64 = ("a sha256 (64 hex digits)", lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= _HEX)
+OBJ = ("an object", lambda v: isinstance(v, dict))
+LIST = ("a list", lambda v: isinstance(v, list))
+
+
+def nullable(kind: tuple) -> tuple:
+    return (f"{kind[0]} or null", lambda v: v is None or kind[1](v))
+
+
+def sub(path: str, key) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
     plain = key.replace("_", "").isalnum() and key.isascii()
     return (f"{path}.{key}" if path else key) if plain else f"{path}[{key!r}]"
 
 
-def _fits(value, schema) -> bool:
-    if isinstance(schema, (Obj, MapOf)):
-        return isinstance(value, dict)
-    if isinstance(schema, ListOf):
-        return isinstance(value, list)
-    if isinstance(schema, OneOf):
-        return isinstance(value, str) and value in schema.values
-    return SCALARS[schema][1](value)
+class Fields:
+    """Reads typed fields out of parsed JSON; the first that does not fit is an InputError
+    `{where}: {field} is {value}; expected {kind}; {fix}`."""
 
+    def __init__(self, where: str, fix: str | None = None):
+        self.where, self.fix = where, fix
 
-def check(value, schema, where: str, path: str = "", fix: str | None = None) -> None:
-    """Raise an InputError `{where}: {field} is {value}; expected {what}[; {fix}]` for the first value that does
-    not fit `schema` (fields in order, depth first)."""
-    if isinstance(schema, Nullable):
-        if value is None:
-            return
-        if not _fits(value, schema.inner):
-            raise InputError(_wrong(where, path, shown(value), describe(schema), fix))
-        schema = schema.inner
-    elif not _fits(value, schema):
-        raise InputError(_wrong(where, path, shown(value), describe(schema), fix))
-    if isinstance(schema, Obj):
-        for key, sub in schema.required.items():
-            if key not in value:
-                raise InputError(_wrong(where, _field(path, key), "missing", describe(sub), fix))
-            check(value[key], sub, where, _field(path, key), fix)
-        for key, sub in schema.optional.items():
-            if key in value:
-                check(value[key], sub, where, _field(path, key), fix)
-    elif isinstance(schema, MapOf) and schema.value is not Any:
-        for key, sub in value.items():
-            check(sub, schema.value, where, _field(path, key), fix)
-    elif isinstance(schema, ListOf) and schema.item is not Any:
-        for i, sub in enumerate(value):
-            check(sub, schema.item, where, f"{path}[{i}]", fix)
+    def wrong(self, path: str, seen: str, expected: str) -> InputError:
+        return InputError(f"{self.where}: {path or 'the file'} is {seen}; expected {expected}"
+                          + (f"; {self.fix}" if self.fix else ""))
 
+    def value(self, v, kind: tuple, path: str):
+        if not kind[1](v):
+            raise self.wrong(path, shown(v), kind[0])
+        return v
 
-def _wrong(where: str, path: str, seen: str, expected: str, fix: str | None) -> str:
-    return f"{where}: {path or 'the file'} is {seen}; expected {expected}" + (f"; {fix}" if fix else "")
+    def get(self, obj: dict, key: str, kind: tuple, path: str, default=...):
+        """obj[key] of `kind`; a missing key is `default` (none given: an error)."""
+        if key not in obj:
+            if default is ...:
+                raise self.wrong(sub(path, key), "missing", kind[0])
+            return default
+        return self.value(obj[key], kind, sub(path, key))
+
+    def obj(self, obj: dict, key: str, path: str, default=...) -> dict:
+        return self.get(obj, key, OBJ, path, default)
+
+    def mapping(self, obj: dict, key: str, path: str, read: Callable[[object, str], object]) -> dict:
+        """obj[key], an object whose every value is read by `read(value, its path)`."""
+        where = sub(path, key)
+        return {k: read(v, sub(where, k)) for k, v in self.obj(obj, key, path).items()}
+
+    def strings(self, obj: dict, key: str, path: str, default=...) -> list[str]:
+        items = self.get(obj, key, LIST, path, default)
+        return [self.value(s, STR, sub(sub(path, key), i)) for i, s in enumerate(items)]

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from ..errors import InputError
 from .atomic import atomic_write_bytes
-from .jsonfile import read_json, shown
+from .jsonfile import BOOL, HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, read_json, sub
 from .names import MANIFEST_NAME, RANK_STATUS
 from .paths import name_problem
 
 SCHEMA = "fimoe-manifest/1"
 STATUSES = ("pending", "written")
+STATUS = ("one of " + ", ".join(repr(s) for s in STATUSES), lambda v: isinstance(v, str) and v in STATUSES)
 
 # What to do about a manifest that is damaged or of another schema, by what was being done with it. Never the
 # command that just failed.
@@ -36,66 +37,6 @@ def dumps(obj: dict) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------------ checking
-
-_HEX = frozenset("0123456789abcdef")
-# Kinds of values: (what a message says it expected, the test).
-STR = ("a string", lambda v: isinstance(v, str))
-INT = ("an integer", lambda v: type(v) is int)
-NONNEG = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
-BOOL = ("true or false", lambda v: type(v) is bool)
-HEX64 = ("a sha256 (64 hex digits)", lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= _HEX)
-OBJ = ("an object", lambda v: isinstance(v, dict))
-LIST = ("a list", lambda v: isinstance(v, list))
-STATUS = ("one of " + ", ".join(repr(s) for s in STATUSES), lambda v: isinstance(v, str) and v in STATUSES)
-
-
-def nullable(kind: tuple) -> tuple:
-    return (f"{kind[0]} or null", lambda v: v is None or kind[1](v))
-
-
-def _sub(path: str, key) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    plain = key.replace("_", "").isalnum() and key.isascii()
-    return (f"{path}.{key}" if path else key) if plain else f"{path}[{key!r}]"
-
-
-class Fields:
-    """Reads typed fields out of parsed JSON; the first that does not fit is an InputError
-    `{where}: {field} is {value}; expected {kind}; {fix}`."""
-
-    def __init__(self, where: str, fix: str | None = None):
-        self.where, self.fix = where, fix
-
-    def wrong(self, path: str, seen: str, expected: str) -> InputError:
-        return InputError(f"{self.where}: {path or 'the file'} is {seen}; expected {expected}"
-                          + (f"; {self.fix}" if self.fix else ""))
-
-    def value(self, v, kind: tuple, path: str):
-        if not kind[1](v):
-            raise self.wrong(path, shown(v), kind[0])
-        return v
-
-    def get(self, obj: dict, key: str, kind: tuple, path: str, default=...):
-        """obj[key] of `kind`; a missing key is `default` (none given: an error)."""
-        if key not in obj:
-            if default is ...:
-                raise self.wrong(_sub(path, key), "missing", kind[0])
-            return default
-        return self.value(obj[key], kind, _sub(path, key))
-
-    def obj(self, obj: dict, key: str, path: str, default=...) -> dict:
-        return self.get(obj, key, OBJ, path, default)
-
-    def mapping(self, obj: dict, key: str, path: str, read: Callable[[object, str], object]) -> dict:
-        """obj[key], an object whose every value is read by `read(value, its path)`."""
-        where = _sub(path, key)
-        return {k: read(v, _sub(where, k)) for k, v in self.obj(obj, key, path).items()}
-
-    def strings(self, obj: dict, key: str, path: str, default=...) -> list[str]:
-        items = self.get(obj, key, LIST, path, default)
-        return [self.value(s, STR, _sub(_sub(path, key), i)) for i, s in enumerate(items)]
-
 
 # ----------------------------------------------------------------------------------------------- the records
 
@@ -224,8 +165,8 @@ class EpRecord:
     def from_json(cls, d: dict, path: str, f: Fields) -> EpRecord:
         ranges = []
         for i, r in enumerate(f.get(d, "expert_ranges", LIST, path)):
-            where = _sub(_sub(path, "expert_ranges"), i)
-            ranges.append(tuple(f.value(x, INT, _sub(where, j)) for j, x in enumerate(f.value(r, LIST, where))))
+            where = sub(sub(path, "expert_ranges"), i)
+            ranges.append(tuple(f.value(x, INT, sub(where, j)) for j, x in enumerate(f.value(r, LIST, where))))
         return cls(f.get(d, "world_size", NONNEG, path), tuple(ranges))
 
     def to_json(self) -> dict:

@@ -21,18 +21,13 @@ from ..checkpoint import (
 from ..errors import CONTROL, InputError, ValidationError
 from .hashing import sha256_file
 from .hub_source import SHA256_RE, local_dir_sha256, remote_headers, resolve_source_root
-from .jsonfile import Any, ListOf, MapOf, Nullable, Obj, read_json
+from .jsonfile import LIST, OBJ, STR, Fields, nullable, read_json
 from .names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, is_tool_name
 from .paths import NAME_MAX, name_problem
 from .st_header import Header, TensorInfo, as_typed, read_header
 from .st_reader import read_bytes
 
 MAX_EXAMPLES = 3  # missing tensors named per block in an error
-# The fields of config.json whose type the code relies on before the model spec checks the rest.
-CONFIG_SCHEMA = Obj(optional={"quantization_config": Nullable(Obj()), "architectures": Nullable(ListOf(str)),
-                              "text_config": Nullable(Obj(optional={"quantization_config": Nullable(Obj())})),
-                              "model_type": Any})
-INDEX_SCHEMA = Obj({"weight_map": MapOf(str)}, {"metadata": Nullable(Obj())})
 # Equal in two identity records: the same file, unchanged, not read again. ctime: every write sets it and nothing
 # sets it back (`cp -p` or `touch -r` restore size and mtime only).
 SAME_FILE = ("size", "mtime_ns", "ctime_ns", "inode")
@@ -216,14 +211,14 @@ def open_source(spec: str, revision: str | None = None, offline: bool = False, w
     root, allowed, repo_id, commit = resolve_source_root(spec, revision, offline, weights)
     fetch = repo_id is not None and not weights and not offline
     fix = "the checkpoint is damaged or not a DeepSeek V4 checkpoint: fetch or copy it again"
-    config = read_json(root / "config.json", "config", CONFIG_SCHEMA, fix=fix,
-                       missing="expected a DeepSeek V4 checkpoint folder")
+    config = check_config(read_json(root / "config.json", "config", fix=fix,
+                                    missing="expected a DeepSeek V4 checkpoint folder"), str(root / "config.json"), fix)
     model = model_spec_from_config(config, where=str(root / "config.json"))
     problems: list[str] = []
     index_path = root / INDEX_NAME
     remote: dict[str, Header] = {}
     if index_path.exists():
-        weight_map = read_json(index_path, "index", INDEX_SCHEMA, fix=fix)["weight_map"]
+        weight_map = index_weight_map(read_json(index_path, "index", fix=fix), str(index_path), fix)
     elif (root / SINGLE_NAME).exists():
         weight_map = {n: SINGLE_NAME for n in read_header(root / SINGLE_NAME).tensors}
     elif fetch:
@@ -388,3 +383,26 @@ def check_experts(model: ModelSpec, tensors: dict[str, TensorInfo]) -> list[str]
                             f"{', '.join(missing[:MAX_EXAMPLES])}; the checkpoint is incomplete or config.json "
                             "declares more layers/experts than it holds")
     return problems
+
+
+def check_config(config, where: str, fix: str | None = None):
+    """`config` (config.json's value) when the fields whose type the code relies on before the model spec checks
+    the rest fit: an object, `quantization_config` and `text_config` objects or null, `architectures` a list of
+    strings or null."""
+    f = Fields(where, fix)
+    f.value(config, OBJ, "")
+    f.get(config, "quantization_config", nullable(OBJ), "", None)
+    if f.get(config, "architectures", nullable(LIST), "", None) is not None:
+        f.strings(config, "architectures", "")
+    text = f.get(config, "text_config", nullable(OBJ), "", None)
+    if text is not None:
+        f.get(text, "quantization_config", nullable(OBJ), "text_config", None)
+    return config
+
+
+def index_weight_map(index, where: str, fix: str | None = None) -> dict[str, str]:
+    """The index's weight_map (tensor name -> shard file name), typed; `metadata` an object or null."""
+    f = Fields(where, fix)
+    f.value(index, OBJ, "")
+    f.get(index, "metadata", nullable(OBJ), "", None)
+    return f.mapping(index, "weight_map", "", lambda v, p: f.value(v, STR, p))

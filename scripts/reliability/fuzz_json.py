@@ -115,8 +115,8 @@ def feed(fx: Fixture, kind: str, raw: bytes) -> None:
 def _config(fx: Fixture, raw: bytes):
     from fimoe_convert.checkpoint import check_counts, model_spec_from_config, variant_name
     from fimoe_convert.errors import ValidationError
-    from fimoe_convert.files.jsonfile import check, parse_json
-    from fimoe_convert.files.source import CONFIG_SCHEMA, check_experts, open_source
+    from fimoe_convert.files.jsonfile import parse_json
+    from fimoe_convert.files.source import check_config, check_experts, open_source
     from fimoe_convert.kernels import get_kernel
     from fimoe_convert.targets import TargetOptions, make_target
 
@@ -129,7 +129,7 @@ def _config(fx: Fixture, raw: bytes):
             (fx.work_src / "config.json").write_bytes(fx.texts["config"])
         return True
     config = parse_json(raw, where)
-    check(config, CONFIG_SCHEMA, where)
+    check_config(config, where)
     model = model_spec_from_config(config, where)
     problems = check_counts(model, fx.source.weight_map, where)
     if problems:

@@ -18,22 +18,22 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_reliability import child_env, refused, run_and_signal
 
 import fimoe_convert.cli as cli_mod
 import fimoe_convert.conversion as conv_mod
-from fimoe_convert.checkpoint import check_counts, model_spec_from_config
 from fimoe_convert import convert
+from fimoe_convert.checkpoint import check_counts, model_spec_from_config
 from fimoe_convert.errors import InputError, ValidationError
 from fimoe_convert.files import atomic, hashing, jsonfile, st_header, st_writer
-from fimoe_convert.files.jsonfile import Hex64, ListOf, MapOf, NonNeg, Nullable, Obj, OneOf, check, parse_json
+from fimoe_convert.files.jsonfile import HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, parse_json
 from fimoe_convert.files.lock import LOCK_NAME, OutLock
-from fimoe_convert.files.manifest import MANIFEST_NAME, read_manifest
+from fimoe_convert.files.manifest import MANIFEST_NAME, STATUS, FileRecord, read_manifest
 from fimoe_convert.files.output import read_output_tensors
 from fimoe_convert.files.paths import name_problem
-from fimoe_convert.files.source import open_source
+from fimoe_convert.files.source import check_config, index_weight_map, open_source
 from fimoe_convert.kernels import KERNELS
 from fimoe_convert.targets.rules import check_params
-from test_reliability import child_env, refused, run_and_signal
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = "model.safetensors.index.json"
@@ -118,26 +118,43 @@ def test_the_json_loader_caps_bytes_per_kind_and_reads_no_more(tmp_path, monkeyp
         jsonfile.read_json(tmp_path / "nope.json", "config", missing="run it first")
 
 
-@pytest.mark.parametrize("value, schema, match", [
-    ({"quantization_config": "fp4"}, Obj(optional={"quantization_config": Obj()}),
-     r"^c\.json: quantization_config is 'fp4'; expected an object$"),
-    ([1, 2], Obj(), r"^c\.json: the file is a list \(2 items\); expected an object$"),
-    ({}, Obj({"weight_map": MapOf(str)}), r"^c\.json: weight_map is missing; expected an object$"),
-    ({"weight_map": {"a.weight": 5}}, Obj({"weight_map": MapOf(str)}),
+def _field(key, kind):
+    """A reader of one field `key` of kind `kind`, as the manifest's and SRC's readers use them."""
+    return lambda v: Fields("c.json").get(Fields("c.json").value(v, OBJ, ""), key, kind, "")
+
+
+def _ranges(v):
+    f = Fields("c.json")
+    return [[f.value(x, INT, f"r[{i}][{j}]") for j, x in enumerate(f.value(r, LIST, f"r[{i}]"))]
+            for i, r in enumerate(f.get(v, "r", LIST, ""))]
+
+
+@pytest.mark.parametrize("value, read, match", [
+    ({"quantization_config": "fp4"}, lambda v: check_config(v, "c.json"),
+     r"^c\.json: quantization_config is 'fp4'; expected an object or null$"),
+    ({"architectures": ["A", 3]}, lambda v: check_config(v, "c.json"),
+     r"^c\.json: architectures\[1\] is 3; expected a string$"),
+    ({"text_config": {"quantization_config": []}}, lambda v: check_config(v, "c.json"),
+     r"^c\.json: text_config\.quantization_config is a list \(0 items\); expected an object or null$"),
+    ([1, 2], lambda v: check_config(v, "c.json"), r"^c\.json: the file is a list \(2 items\); expected an object$"),
+    ({}, lambda v: index_weight_map(v, "c.json"), r"^c\.json: weight_map is missing; expected an object$"),
+    ({"weight_map": {"a.weight": 5}}, lambda v: index_weight_map(v, "c.json"),
      r"^c\.json: weight_map\['a\.weight'\] is 5; expected a string$"),
-    ({"files": [1]}, Obj({"files": MapOf(Obj())}), r"^c\.json: files is a list \(1 items\); expected an object$"),
-    ({"size": -1}, Obj({"size": NonNeg}), r"size is -1; expected an integer >= 0"),
-    ({"size": True}, Obj({"size": NonNeg}), r"size is True; expected an integer >= 0"),
-    ({"sha256": "ABC"}, Obj({"sha256": Nullable(Hex64)}), r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
-    ({"status": {"x": "done"}}, Obj({"status": MapOf(OneOf(("pending", "written")))}),
+    ({"files": [1]}, lambda v: Fields("c.json").mapping(v, "files", "", lambda x, p: x),
+     r"^c\.json: files is a list \(1 items\); expected an object$"),
+    ({"size": -1, "sha256": "0" * 64}, lambda v: FileRecord.from_json(v, "", Fields("c.json")),
+     r"size is -1; expected an integer >= 0"),
+    ({"size": True}, _field("size", NONNEG), r"size is True; expected an integer >= 0"),
+    ({"sha256": "ABC"}, _field("sha256", nullable(HEX64)), r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
+    ({"status": {"x": "done"}}, lambda v: Fields("c.json").mapping(v, "status", "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
      r"status\.x is 'done'; expected one of 'pending', 'written'"),
-    ({"arch": ["9.0"]}, Obj({"arch": Nullable(str)}), r"arch is a list \(1 items\); expected a string or null"),
-    ({"r": [[1, "2"]]}, Obj({"r": ListOf(ListOf(int))}), r"r\[0\]\[1\] is '2'; expected an integer"),
-    ({"s": "x" * 100}, Obj({"s": int}), r"s is 'x{50,}\.\.\.; expected an integer"),
+    ({"arch": ["9.0"]}, _field("arch", nullable(STR)), r"arch is a list \(1 items\); expected a string or null"),
+    ({"r": [[1, "2"]]}, _ranges, r"r\[0\]\[1\] is '2'; expected an integer"),
+    ({"s": "x" * 100}, _field("s", INT), r"s is 'x{50,}\.\.\.; expected an integer"),
 ])
-def test_schema_check_names_the_field(value, schema, match):
+def test_typed_reading_names_the_field(value, read, match):
     with pytest.raises(InputError, match=match):
-        check(value, schema, "c.json")
+        read(value)
 
 
 CONFIG_EDITS = [
