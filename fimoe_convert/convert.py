@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, eta, resume as resuming, versions
+from .checkpoint import variant_name
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.atomic import remove_own_temporaries
@@ -98,13 +99,15 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     check_progress: Callable[[int, int], None] | None = None,
     command: str | None = None,
+    model: str | None = None,
+    config: str | None = None,
 ) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
-    model card."""
+    model card; `model` the DeepSeek V4 variant a preset (`config`) is made for, checked against SRC."""
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
@@ -117,6 +120,7 @@ def convert(
     source, converter = _checked(group, lambda: open_source(src, revision=revision, offline=offline,
                                                             weights=not dry_run or resume), opts, out_dir, resume,
                                  overwrite)
+    _check_model(model, config, source)
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, converter, opts.shard_bytes)
     biggest = _check_memory(plan, opts, source.model.n_routed_experts)
@@ -158,6 +162,15 @@ def convert(
         group.barrier()
     group.close()
     return _done(result, opts, t0)
+
+
+def _check_model(model: str | None, config: str | None, source: Source) -> None:
+    """A preset made for another DeepSeek V4 variant than SRC is refused: its flags (EP size, target) fit that one."""
+    found = variant_name(source.model, source.config)
+    if model is not None and model != found:
+        raise InputError(f"--config {config}: made for model {model}, but SRC {source.root} is a {found} checkpoint "
+                         f"(hidden {source.model.hidden_size}, {source.model.n_routed_experts} experts); pick a preset "
+                         f"for {found} (fimoe-convert targets lists them) or give the flags without --config")
 
 
 def _first_write(out_dir: Path, first: Manifest, group: Group, overwrite: bool) -> LiveManifest:

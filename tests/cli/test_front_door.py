@@ -1,0 +1,58 @@
+"""The CLI's front door: presets by name, errors that say what to do, and the waits that say what they wait for."""
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from fimoe_convert.cli import main
+from fimoe_convert.files.preset import PRESETS_DIR, preset_names
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_presets_are_package_data_listed_by_targets():
+    assert preset_names() == sorted(p.stem for p in PRESETS_DIR.glob("*.toml")) and len(preset_names()) >= 6
+    r = run("targets")
+    assert r.exit_code == 0, r.output
+    assert "presets (--config NAME):" in r.output
+    assert re.search(r"^  v4_flash_fp8_block_vllm +V4-Flash: --target fp8_block --param scale_dtype=f32$", r.output,
+                     re.M), r.output
+
+
+@pytest.mark.parametrize("config", ["v4_flash_fp8_block_vllm", "configs/convert/v4_flash_fp8_block_vllm.toml"])
+def test_a_preset_by_name_or_old_path(tiny_ckpt, tmp_path, config):
+    r = run(tiny_ckpt, tmp_path / "out", "--config", config, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["target"] == "fp8_block"
+
+
+@pytest.mark.parametrize("config, match", [
+    ("v4_flash_fp8_vllm", r"did you mean v4_flash_fp8_block_vllm or v4_flash_fp8_block_sglang\?"),
+    ("v4_pro", r"did you mean v4_pro_bf16 or v4_pro_megamoe_sm90_ep8\?"),
+    ("nothing_like_it", r"the presets are v4_flash_fp8_block_sglang, "),
+])
+def test_an_unknown_preset_gets_a_suggestion(tiny_ckpt, tmp_path, config, match):
+    r = run(tiny_ckpt, tmp_path / "out", "--config", config, "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert re.search(rf"^error: --config {config}: no such preset or file; .*{match}", r.output), r.output
+
+
+def test_a_preset_for_another_model_is_refused(tiny_ckpt, tmp_path):
+    r = run(tiny_ckpt, tmp_path / "out", "--config", "v4_pro_bf16", "--dry-run")
+    assert r.exit_code == 1, r.output
+    assert re.fullmatch(r"error: --config v4_pro_bf16: made for model V4-Pro, but SRC \S+ is a V4-Flash checkpoint "
+                        r"\(hidden \d+, \d+ experts\); pick a preset for V4-Flash \(fimoe-convert targets lists them\) "
+                        r"or give the flags without --config\n", r.output), r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_target_on_the_command_line_drops_the_presets_params(tiny_ckpt, tmp_path, caplog):
+    r = run(tiny_ckpt, tmp_path / "out", "--config", "v4_flash_fp8_block_vllm", "--target", "bf16", "-v",
+            "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    assert "--target bf16: the --param values of --config v4_flash_fp8_block_vllm (for fp8_block) dropped: " \
+           "{'scale_dtype': 'f32'}" in caplog.text
