@@ -56,3 +56,29 @@ def test_target_on_the_command_line_drops_the_presets_params(tiny_ckpt, tmp_path
     assert r.exit_code == 0, r.output
     assert "--target bf16: the --param values of --config v4_flash_fp8_block_vllm (for fp8_block) dropped: " \
            "{'scale_dtype': 'f32'}" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("conv") / "out"
+    r = run(tiny_ckpt, out, "--target", "fp8_block", "--param", "scale_dtype=f32", "-q")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize("complete, says", [
+    (True, r"it holds a complete conversion \(--target fp8_block --param scale_dtype=f32, \d+ files\); pass "
+           r"--overwrite to replace it, or choose an empty folder"),
+    (False, r"it holds an unfinished conversion \(--target fp8_block --param scale_dtype=f32\); pass --resume with "
+            r"those flags to finish it, --overwrite to replace it, or choose an empty folder"),
+])
+def test_out_not_empty_says_what_it_holds(tiny_ckpt, converted, tmp_path, complete, says):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(converted, out)
+    manifest = out / "fimoe-manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": complete}))
+    r = run(tiny_ckpt, out)
+    assert r.exit_code == 1, r.output
+    assert re.fullmatch(rf"error: OUT {re.escape(str(out))}: is not empty; {says}\n", r.output), r.output
