@@ -137,8 +137,8 @@ GPU_FAMILIES = {"9.0": "H100/H200", "10.0": "B200/GB200", "10.3": "B300/GB300", 
                 "12.0": "RTX PRO 6000, RTX 50"}
 
 # What to install for a package a conversion needs (Kernel.needs_packages).
-INSTALL = {"flashinfer": "pip install 'fimoe-convert[flashinfer]'",
-           "deep_gemm": "install a DeepGEMM build with transform_sf_into_required_layout for your torch and CUDA "
+# (flashinfer: `pip install 'flashinfer-python>=MIN'`, from versions.py: it works however fimoe-convert was installed)
+INSTALL = {"deep_gemm": "install a DeepGEMM build with transform_sf_into_required_layout for your torch and CUDA "
                         "(docs/ENGINES.md, DeepGEMM)"}
 
 BY_NAME: dict[str, Kernel] = {k.name: k for k in KERNELS}

@@ -82,3 +82,13 @@ def test_out_not_empty_says_what_it_holds(tiny_ckpt, converted, tmp_path, comple
     r = run(tiny_ckpt, out)
     assert r.exit_code == 1, r.output
     assert re.fullmatch(rf"error: OUT {re.escape(str(out))}: is not empty; {says}\n", r.output), r.output
+
+
+def test_a_missing_kernel_package_is_exit_1_with_a_pip_line_that_always_works(tiny_ckpt, tmp_path, monkeypatch):
+    from fimoe_convert.targets import rules
+
+    monkeypatch.setattr(rules, "present", lambda m: False)
+    r = run(tiny_ckpt, tmp_path / "out", "--target", "megamoe_sm90_mxfp4", "--arch", "9.0", "--dry-run")
+    assert r.exit_code == 1, r.output
+    assert ("Python package 'flashinfer' (needed by --target megamoe_sm90_mxfp4): not installed here; "
+            "pip install 'flashinfer-python>=0.7.4'") in r.output.splitlines()[-1], r.output
