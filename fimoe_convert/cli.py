@@ -349,6 +349,10 @@ def targets_cmd(as_json):
                      + (r["why"] if not r["available_here"] else "")
                      + (f" aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""))
         lines.append(f"{'':34} loads in: {r['engines']}")
+        params = BY_NAME[r["name"]].params
+        if params:
+            lines.append(f"{'':34} params: " + "; ".join(f"--param {k}={'|'.join(v)} (default {v[0]})"
+                                                           for k, v in params.items()))
     lines.append("suggested by GPU: " + "; ".join(f"{cap} ({name}): {', '.join(k.name for k in suggested(cap))}"
                                                    for cap, name in GPU_FAMILIES.items() if suggested(cap))
                  + "; any GPU or engine without FP4 MoE kernels: bf16 or fp8_block (docs/TARGETS.md)")

@@ -158,8 +158,11 @@ def get_kernel(name: str) -> Kernel:
     kernel = _LOOKUP.get(_normal(name))
     if kernel is not None:
         return kernel
-    close = difflib.get_close_matches(_normal(name), list(_LOOKUP), n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(repr(_LOOKUP[c].name) for c in dict.fromkeys(close))}? " if close else ""
+    # a prefix or part of a name first (difflib's ratio misses "megamoe"), else similar names
+    close = [k for k in _LOOKUP if _normal(name) and _normal(name) in k] or difflib.get_close_matches(
+        _normal(name), list(_LOOKUP), n=3, cutoff=0.6)
+    hint = (f"did you mean {' or '.join(repr(n) for n in list(dict.fromkeys(_LOOKUP[c].name for c in close))[:3])}? "
+            if close else "")
     raise UsageError(f"--target {name}: unknown target; {hint}known: {', '.join(BY_NAME)} "
                      "(`fimoe-convert targets` lists them with their aliases)")
 

@@ -92,3 +92,21 @@ def test_a_missing_kernel_package_is_exit_1_with_a_pip_line_that_always_works(ti
     assert r.exit_code == 1, r.output
     assert ("Python package 'flashinfer' (needed by --target megamoe_sm90_mxfp4): not installed here; "
             "pip install 'flashinfer-python>=0.7.4'") in r.output.splitlines()[-1], r.output
+
+
+def test_targets_lists_each_targets_params():
+    r = run("targets")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^ +params: --param scale_dtype=e8m0\|f32 \(default e8m0\)$", r.output, re.M), r.output
+    assert re.search(r"^ +params: --param dense=fp8\|bf16 \(default fp8\)$", r.output, re.M), r.output
+
+
+@pytest.mark.parametrize("target, meant", [
+    ("megamoe", "'megamoe_sm90_mxfp4'"),
+    ("fp8", "'fp8_block' or "),
+    ("bf61", "'bf16'"),
+])
+def test_an_unknown_target_gets_a_suggestion(tmp_path, target, meant):
+    r = run(tmp_path / "src", tmp_path / "out", "--target", target)
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: --target {target}: unknown target; did you mean {meant}"), r.output
