@@ -110,3 +110,29 @@ def test_an_unknown_target_gets_a_suggestion(tmp_path, target, meant):
     r = run(tmp_path / "src", tmp_path / "out", "--target", target)
     assert r.exit_code == 2, r.output
     assert r.output.startswith(f"error: --target {target}: unknown target; did you mean {meant}"), r.output
+
+
+def test_progress_lines_on_a_terminal_of_width_0(tiny_ckpt, tmp_path):
+    """A fresh pty reports 0 columns, where a tqdm bar prints nothing: plain progress lines instead."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    assert os.get_terminal_size(slave).columns == 0
+    p = subprocess.run([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(tmp_path / "out")],
+                       stdout=subprocess.PIPE, stderr=slave, env={**os.environ, "COLUMNS": "0"}, timeout=300)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    assert p.returncode == 0, err
+    assert re.search(rb"^converting: [\d.]+ \w?B of [\d.]+ \w?B \(100%\)", err, re.M), err
