@@ -223,7 +223,8 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     try:
         res = convert(src, out, params=params, progress=progress, check_progress=checking,
                       command=_command(ctx, src, flags, params), model=preset.get("model"),
-                      config=preset.get("config"), **flags)
+                      config=preset.get("config"), **flags,
+                      notice=None if quiet or as_json or not is_rank0() else lambda m: click.echo(m, err=True))
     finally:
         checking.close()
         progress.close()

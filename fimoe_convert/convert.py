@@ -101,13 +101,15 @@ def convert(
     command: str | None = None,
     model: str | None = None,
     config: str | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
-    model card; `model` the DeepSeek V4 variant a preset (`config`) is made for, checked against SRC."""
+    model card; `model` the DeepSeek V4 variant a preset (`config`) is made for, checked against SRC;
+    `notice(line)` is told of a wait before it starts (the --dry-run's sample timing)."""
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
@@ -136,7 +138,7 @@ def convert(
         todo = [s for s in plan.shards if s.filename not in kept]
         result = _result(out_dir, source, converter, plan, kept, todo, dry_run)
         if dry_run:
-            result.estimate, result.seconds = eta.estimate(source, converter, plan)[0], time.perf_counter() - t0
+            result.estimate, result.seconds = eta.estimate(source, converter, plan, notice)[0], time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
         manifest = _first_write(out_dir, _first_manifest(source, converter, opts, plan, kept, carried), group,
