@@ -211,11 +211,14 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     """Convert the DeepSeek V4 checkpoint SRC into the folder OUT."""
-    from .convert import convert
+    from .options import check_flags
 
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
     params = {**_preset_params(ctx, flags["target"]), **_params(params)}  # --param wins over the preset's, by key
+    check_flags(params=params, **flags)  # before torch is imported (seconds) by the converters
+    from .convert import convert
+
     preset = ctx.meta.get(PRESET, {})
     ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
     progress = Progress("converting", enabled=not (quiet or as_json))

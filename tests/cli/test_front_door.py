@@ -146,3 +146,21 @@ def test_dry_run_says_what_it_times_before_it_does(tiny_ckpt, tmp_path):
     assert r.stdout.startswith("plan for --target fp8_block on cpu:"), r.stdout
     quiet = run(tiny_ckpt, tmp_path / "out", "--target", "fp8_block", "--device", "cpu", "--dry-run", "--json")
     assert quiet.exit_code == 0 and "timing" not in quiet.stderr, quiet.output
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--ep-size", "0"], r"--ep-size 0: must be 1 or more"),
+    (["--shard-size", "lots"], r"--shard-size: cannot read size 'lots'"),
+    (["--target", "megamoe"], r"--target megamoe: unknown target; did you mean 'megamoe_sm90_mxfp4'"),
+    (["--resume", "--overwrite"], r"--resume and --overwrite: pass one of them"),
+])
+def test_flags_are_checked_before_torch_is_imported(tmp_path, flags, match):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "fimoe_convert", str(tmp_path / "src"),
+                        str(tmp_path / "out"), *flags], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert re.search(rf"^error: {match}", p.stderr, re.M), p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "fimoe_convert.cli" in imported and "torch" not in imported
