@@ -217,6 +217,9 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     ctx = click.get_current_context()
     params = {**_preset_params(ctx, flags["target"]), **_params(params)}  # --param wins over the preset's, by key
     check_flags(params=params, **flags)  # before torch is imported (seconds) by the converters
+    from .files.hub_source import check_source
+
+    check_source(src, flags["revision"], flags["offline"])
     from .convert import convert
 
     preset = ctx.meta.get(PRESET, {})

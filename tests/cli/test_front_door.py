@@ -164,3 +164,74 @@ def test_flags_are_checked_before_torch_is_imported(tmp_path, flags, match):
     assert re.search(rf"^error: {match}", p.stderr, re.M), p.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "fimoe_convert.cli" in imported and "torch" not in imported
+
+
+@pytest.fixture
+def hub_answering(request):
+    """A Hub endpoint that answers every request with `status` and X-Error-Code `code` (as the Hub does for a repo
+    it has not, or a private one)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    status, code = request.param
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_HEAD(self):
+            self.send_response(status)
+            if code:
+                self.send_header("X-Error-Code", code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again when the with ends: connection refused
+
+
+NO_REPO = (r"error: SRC 'nobody/no-such-repo': no such repo on the Hub \(or it is private or gated: log in with "
+           r"`hf auth login` or set HF_TOKEN\); check the repo id")
+
+
+def hub_cli(endpoint, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "0"}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "fimoe_convert", "nobody/no-such-repo", str(tmp_path / "out"),
+                        "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("hub_answering", [(404, "RepositoryNotFound"), (401, "RepositoryNotFound"), (404, None)],
+                         indirect=True)
+def test_a_repo_the_hub_has_not_fails_in_one_line_within_seconds(hub_answering, tmp_path):
+    p, secs = hub_cli(hub_answering, tmp_path)
+    assert p.returncode == 1 and secs < 10, (secs, p.stderr)
+    assert re.fullmatch(NO_REPO + "\n", p.stderr), p.stderr
+
+
+def test_no_network_fails_in_one_line_within_seconds_naming_offline_and_download(tmp_path):
+    endpoint = closed_port()
+    p, secs = hub_cli(endpoint, tmp_path)
+    assert p.returncode == 1 and secs < 10, (secs, p.stderr)
+    assert re.fullmatch(rf"error: SRC 'nobody/no-such-repo': cannot reach the Hub at {re.escape(endpoint)} \(no network\? "
+                        r"\w+\); pass --offline to use the local cache, or run `fimoe-convert download SRC` where "
+                        r"there is network\n", p.stderr), p.stderr
