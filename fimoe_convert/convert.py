@@ -99,9 +99,7 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     check_progress: Callable[[int, int], None] | None = None,
     command: str | None = None,
-    model: str | None = None,
-    config: str | None = None,
-    notice: Callable[[str], None] | None = None,
+    model: str | None = None, config: str | None = None, notice: Callable[[str], None] | None = None,
 ) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 

@@ -235,3 +235,16 @@ def test_no_network_fails_in_one_line_within_seconds_naming_offline_and_download
     assert re.fullmatch(rf"error: SRC 'nobody/no-such-repo': cannot reach the Hub at {re.escape(endpoint)} \(no network\? "
                         r"\w+\); pass --offline to use the local cache, or run `fimoe-convert download SRC` where "
                         r"there is network\n", p.stderr), p.stderr
+
+
+def test_a_missing_src_folder_is_refused_before_torch_is_imported(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "fimoe_convert", str(tmp_path / "no" / "src"),
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert re.search(rf"^error: SRC '{re.escape(str(tmp_path / 'no' / 'src'))}': no such folder, and not a Hub repo id "
+                     r"\(org/name\)$", p.stderr, re.M), p.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "fimoe_convert.files.hub_source" in imported and "torch" not in imported
