@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -29,10 +30,11 @@ from .sizes import human
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
 PRESET_PARAMS = "fimoe_convert.preset_params"  # ctx.meta key: the --config file's params, merged with --param
+PRESET = "fimoe_convert.preset"  # ctx.meta key: the --config file's model and target
 EXAMPLES = """\b
 Examples:
   fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --target fp8_block --param scale_dtype=f32
-  fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --config configs/convert/v4_flash_megamoe_sm90_ep8.toml
+  fimoe-convert deepseek-ai/DeepSeek-V4-Flash out/ --config v4_flash_megamoe_sm90_ep8
   fimoe-convert inspect deepseek-ai/DeepSeek-V4-Flash
   fimoe-convert verify out/ --deep
   fimoe-convert demo
@@ -161,7 +163,7 @@ def _preset(ctx: click.Context, param, path: str | None) -> str | None:
     from .files.preset import load_preset
 
     preset = load_preset(path)
-    preset.pop("model", None)
+    ctx.meta[PRESET] = {"config": path, "model": preset.pop("model", None), "target": preset.get("target")}
     ctx.meta[PRESET_PARAMS] = preset.pop("params", {})
     flags = {p.name: p for p in ctx.command.params}
     problems = []
@@ -221,29 +223,59 @@ def main() -> None:
               help="Read a Hub SRC's shards over HTTP straight into the conversion (sha256-checked), none to disk.")
 @click.option("--upload-repo", default=None, metavar="ORG/NAME",
               help="Upload the finished, verified OUT to this Hub repo at the end (as `fimoe-convert upload`).")
-@click.option("--config", "config", default=None, metavar="FILE", is_eager=True, callback=_preset,
-              help="A preset (configs/convert/*.toml); flags given here override it.")
+@click.option("--config", "config", default=None, metavar="NAME|FILE", is_eager=True, callback=_preset,
+              help="A preset by name (`fimoe-convert targets` lists them) or a TOML file; flags given here override "
+                   "it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("-v", "--verbose", count=True, help="Show the steps (-v) and details (-vv).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     """Convert the DeepSeek V4 checkpoint SRC into the folder OUT."""
-    from .conversion import convert
+    from .options import check_flags
 
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
-    params = {**ctx.meta.get(PRESET_PARAMS, {}), **_params(params)}  # --param wins over the preset's, key by key
+    params = {**_preset_params(ctx, flags["target"]), **_params(params)}  # --param wins over the preset's, by key
+    check_flags(params=params, **flags)  # before torch is imported (seconds) by the converters
+    from .files.hub_source import check_source
+
+    check_source(src, flags["revision"], flags["offline"])
+    from .conversion import convert
+
+    preset = ctx.meta.get(PRESET, {})
     ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
     progress = Progress("converting", enabled=not (quiet or as_json))
     checking = Progress("checking kept shards", enabled=not (quiet or as_json))
     try:
         res = convert(src, out, params=params, progress=progress, check_progress=checking,
-                      command=_command(ctx, src, flags, params), **flags)
+                      command=_command(ctx, src, flags, params), model=preset.get("model"),
+                      config=preset.get("config"), **flags,
+                      notice=None if quiet or as_json or not is_rank0() else lambda m: click.echo(m, err=True))
     finally:
         checking.close()
         progress.close()
     if (not quiet or as_json) and is_rank0():  # under torchrun, rank 0 speaks for all
         _emit(res.to_json(), as_json, _dry_run_text(res) if res.dry_run else _summary(res))
+
+
+def _preset_params(ctx: click.Context, target: str) -> dict:
+    """The preset's params, unless --target on the command line names another target (they are that one's)."""
+    preset, params = ctx.meta.get(PRESET, {}), ctx.meta.get(PRESET_PARAMS, {})
+    given = ctx.get_parameter_source("target") == click.core.ParameterSource.COMMANDLINE
+    if params and given and preset.get("target") and _kernel_name(target) != _kernel_name(preset["target"]):
+        logging.getLogger("fimoe_convert").info("--target %s: the --param values of --config %s (for %s) dropped: %s",
+                                                target, preset["config"], preset["target"], params)
+        return {}
+    return params
+
+
+def _kernel_name(name: str) -> str | None:
+    from .kernels import get_kernel
+
+    try:
+        return get_kernel(name).name
+    except FimoeError:
+        return name
 
 
 def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
@@ -351,10 +383,28 @@ def targets_cmd(as_json):
                      + (r["why"] if not r["available_here"] else "")
                      + (f" aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""))
         lines.append(f"{'':34} loads in: {r['engines']}")
+        params = BY_NAME[r["name"]].params
+        if params:
+            lines.append(f"{'':34} params: " + "; ".join(f"--param {k}={'|'.join(v)} (default {v[0]})"
+                                                           for k, v in params.items()))
     lines.append("suggested by GPU: " + "; ".join(f"{cap} ({name}): {', '.join(k.name for k in suggested(cap))}"
                                                    for cap, name in GPU_FAMILIES.items() if suggested(cap))
                  + "; any GPU or engine without FP4 MoE kernels: bf16 or fp8_block (docs/TARGETS.md)")
+    lines += _presets_text()
     _emit(rows, as_json, "\n".join(lines))
+
+
+def _presets_text() -> list[str]:
+    """The shipped presets, one line each: --config NAME, its model and its flags."""
+    from .files.preset import load_preset, preset_names
+
+    lines = ["presets (--config NAME):"]
+    for name in preset_names():
+        p = load_preset(name)
+        flags = [f"--{k.replace('_', '-')} {v}" for k, v in p.items() if k not in ("model", "params")]
+        flags += [f"--param {k}={v}" for k, v in p.get("params", {}).items()]
+        lines.append(f"  {name:34} {p.get('model', 'any model')}: {' '.join(flags)}")
+    return lines
 
 
 @main.command("verify")

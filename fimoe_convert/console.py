@@ -1,7 +1,7 @@
 """What the command line shows while it works: byte progress, log lines, and one-line reports.
 
-Progress is a tqdm bar on a terminal and a plain line every few seconds otherwise (a log file gets no `\\r`
-redraws); only rank 0 of a torchrun launch shows anything."""
+Progress is a tqdm bar on a terminal that reports its width and a plain line every few seconds otherwise (a log
+file gets no `\\r` redraws); only rank 0 of a torchrun launch shows anything."""
 
 from __future__ import annotations
 
@@ -43,6 +43,14 @@ def _stderr_handler():
     return Stderr()
 
 
+def terminal_columns() -> int:
+    """The width stderr's terminal reports (0 on some: a fresh pty, a serial console)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 class Progress:
     """A byte counter shown as `desc`: call it with (done, total); `close()` when the work ends or fails."""
 
@@ -57,7 +65,7 @@ class Progress:
         if not self.enabled:
             return
         self.done, self.total = done, total
-        if sys.stderr.isatty():
+        if sys.stderr.isatty() and terminal_columns() > 0:  # a bar 0 columns wide shows nothing: plain lines
             if self.bar is None:
                 from tqdm import tqdm
 

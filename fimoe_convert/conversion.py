@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import __version__, eta, resume as resuming, versions
 from .budget import MemoryBudget
+from .checkpoint import variant_name
 from .distributed import Group
 from .errors import InputError, UsageError, ValidationError
 from .files.atomic import remove_own_temporaries
@@ -89,14 +90,17 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
             resume: bool = False, overwrite: bool = False, dry_run: bool = False, offline: bool = False,
             writers: int | None = None, progress: Callable[[int, int], None] | None = None,
             check_progress: Callable[[int, int], None] | None = None, command: str | None = None,
-            stream: bool = False, upload_repo: str | None = None) -> ConvertResult:
+            stream: bool = False, upload_repo: str | None = None, model: str | None = None,
+            config: str | None = None, notice: Callable[[str], None] | None = None) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
-    (files/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`)."""
+    (files/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`); `model`: the
+    DeepSeek V4 variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before
+    it starts (the --dry-run's sample timing)."""
     t0 = time.perf_counter()
     out_dir = Path(out).expanduser()
     # 1. The flags, before SRC is opened.
@@ -109,6 +113,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
     source, converter = _checked(group, lambda: _open(src, revision, offline, stream and not dry_run,
                                                       not dry_run or resume), opts, out_dir, resume, overwrite)
+    _check_model(model, config, source)
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, converter, opts.shard_bytes)
     biggest = _check_memory(plan, opts, source.model.n_routed_experts)
@@ -124,7 +129,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
         todo = [s for s in plan.shards if s.filename not in kept]
         result = _result(out_dir, source, converter, plan, kept, todo, dry_run, overwrite)
         if dry_run:
-            result.estimate, result.seconds = eta.estimate(source, converter, plan)[0], time.perf_counter() - t0
+            result.estimate, result.seconds = eta.estimate(source, converter, plan, notice)[0], time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
         manifest = _first_write(out_dir, _first_manifest(source, converter, opts, plan, kept, carried), group,
@@ -155,6 +160,15 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
 
         result.upload = upload(str(out_dir), upload_repo)
     return _done(result, opts, t0)
+
+
+def _check_model(model: str | None, config: str | None, source: Source) -> None:
+    """A preset made for another DeepSeek V4 variant than SRC is refused: its flags (EP size, target) fit that one."""
+    found = variant_name(source.model, source.config)
+    if model is not None and model != found:
+        raise InputError(f"--config {config}: made for model {model}, but SRC {source.root} is a {found} checkpoint "
+                         f"(hidden {source.model.hidden_size}, {source.model.n_routed_experts} experts); pick a preset "
+                         f"for {found} (fimoe-convert targets lists them) or give the flags without --config")
 
 
 def _first_write(out_dir: Path, first: Manifest, group: Group, overwrite: bool) -> LiveManifest:

@@ -18,13 +18,16 @@ def _secs(s: float) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s"
 
 
-def estimate(source, target, plan) -> tuple[str, float | None]:
-    """(one line for the user, seconds or None)."""
+def estimate(source, target, plan, notice=None) -> tuple[str, float | None]:
+    """(one line for the user, seconds or None); `notice(line)` is told first what is timed (it takes seconds)."""
     if not plan.units:
         return "ETA: not estimated (nothing to convert)", None
     units = sorted(plan.units.values(), key=lambda u: u.out_bytes)
     unit = units[len(units) // 2]  # a typical unit (the median by output bytes)
     local = all(source.is_local(n) for n in unit.inputs)
+    if notice is not None:
+        notice(f"timing one unit ({unit.key}, {human(unit.out_bytes)}) of --target {target.kernel.name} on "
+               f"{target.opts.device} to estimate the conversion's time...")
     try:
         t0 = time.perf_counter()
         inputs = {n: source.read(n) if local else source.zeros(n) for n in unit.inputs}

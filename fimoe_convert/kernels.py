@@ -146,8 +146,8 @@ GPU_FAMILIES = {"9.0": "H100/H200", "10.0": "B200/GB200", "10.3": "B300/GB300", 
                 "12.0": "RTX PRO 6000, RTX 50"}
 
 # What to install for a package a conversion needs (Kernel.needs_packages).
-INSTALL = {"flashinfer": "pip install 'fimoe-convert[flashinfer]'",
-           "deep_gemm": "install a DeepGEMM build with transform_sf_into_required_layout for your torch and CUDA "
+# (flashinfer: `pip install 'flashinfer-python>=MIN'`, from versions.py: it works however fimoe-convert was installed)
+INSTALL = {"deep_gemm": "install a DeepGEMM build with transform_sf_into_required_layout for your torch and CUDA "
                         "(docs/ENGINES.md, DeepGEMM)"}
 
 BY_NAME: dict[str, Kernel] = {k.name: k for k in KERNELS}
@@ -167,8 +167,11 @@ def get_kernel(name: str) -> Kernel:
     kernel = _LOOKUP.get(_normal(name))
     if kernel is not None:
         return kernel
-    close = difflib.get_close_matches(_normal(name), list(_LOOKUP), n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(repr(_LOOKUP[c].name) for c in dict.fromkeys(close))}? " if close else ""
+    # a prefix or part of a name first (difflib's ratio misses "megamoe"), else similar names
+    close = [k for k in _LOOKUP if _normal(name) and _normal(name) in k] or difflib.get_close_matches(
+        _normal(name), list(_LOOKUP), n=3, cutoff=0.6)
+    hint = (f"did you mean {' or '.join(repr(n) for n in list(dict.fromkeys(_LOOKUP[c].name for c in close))[:3])}? "
+            if close else "")
     raise UsageError(f"--target {name}: unknown target; {hint}known: {', '.join(BY_NAME)} "
                      "(`fimoe-convert targets` lists them with their aliases)")
 

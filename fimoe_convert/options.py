@@ -41,6 +41,25 @@ def parse_arch(arch: str | None) -> tuple[int, int] | None:
     return major, minor
 
 
+def check_flags(target: str, *, ep_size: int, arch: str | None, max_memory: str | int, shard_size: str | int,
+                params: dict | None, resume: bool, overwrite: bool, writers: int | None, **_):
+    """The flags that need neither torch nor SRC, checked (the CLI calls this before importing the converters):
+    (kernel, shard bytes, memory budget, compute capability or None)."""
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite: pass one of them, not both")
+    if writers is not None and writers < 1:
+        raise UsageError(f"--writers {writers}: expected 1 or more shards written at once (or leave it out: auto)")
+    if type(ep_size) is not int or ep_size < 1:
+        raise UsageError(f"--ep-size {ep_size}: must be 1 or more (the number of expert-parallel ranks)")
+    for key, value in (params or {}).items():
+        if not all(isinstance(t, str) and PARAM_TEXT.fullmatch(t) for t in (key, value)):
+            raise UsageError(f"--param {key!r}={value!r}: keys and values are letters, digits, '_', '.' and '-'; "
+                             "fimoe-convert targets lists each target's parameters")
+    shard_bytes = parse_size(shard_size, "--shard-size")
+    memory = MemoryBudget(parse_size(max_memory, "--max-memory"), str(max_memory))
+    return get_kernel(target), shard_bytes, memory, parse_arch(arch)
+
+
 @dataclass(frozen=True)
 class ConvertOptions:
     kernel: Kernel
@@ -53,21 +72,10 @@ class ConvertOptions:
     def parse(cls, target: str, *, ep_size: int, device: str, arch: str | None, max_memory: str | int,
               shard_size: str | int, allow_lossy: bool, params: dict | None, resume: bool, overwrite: bool,
               writers: int | None) -> "ConvertOptions":
-        if resume and overwrite:
-            raise UsageError("--resume and --overwrite: pass one of them, not both")
-        if writers is not None and writers < 1:
-            raise UsageError(f"--writers {writers}: expected 1 or more shards written at once (or leave it out: auto)")
-        if type(ep_size) is not int or ep_size < 1:
-            raise UsageError(f"--ep-size {ep_size}: must be 1 or more (the number of expert-parallel ranks)")
-        for key, value in (params or {}).items():
-            if not all(isinstance(t, str) and PARAM_TEXT.fullmatch(t) for t in (key, value)):
-                raise UsageError(f"--param {key!r}={value!r}: keys and values are letters, digits, '_', '.' and '-'; "
-                                 "fimoe-convert targets lists each target's parameters")
-        shard_bytes = parse_size(shard_size, "--shard-size")
-        memory = MemoryBudget(parse_size(max_memory, "--max-memory"), str(max_memory))
-        kernel = get_kernel(target)
+        kernel, shard_bytes, memory, cap = check_flags(
+            target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size, params=params,
+            resume=resume, overwrite=overwrite, writers=writers)
         dev = resolve_device(device)
-        cap = parse_arch(arch)
         if cap is None and dev == "cuda":
             import torch
 

@@ -62,8 +62,23 @@ def download(spec: str, revision: str | None) -> dict:
             "bytes": sum(p.stat().st_size for p in files)}
 
 
+HUB_PROBE_TIMEOUT_S = 5.0  # seconds for the first request to the Hub (a HEAD of config.json)
+
+
 def _is_repo_id(spec: str) -> bool:
     return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
+
+
+def check_source(spec: str, revision: str | None, offline: bool) -> None:
+    """SRC's checks that need neither torch nor a download (the CLI runs them before importing the converters):
+    a folder, or a Hub repo id that the Hub has (one short request)."""
+    path = Path(spec).expanduser()
+    if path.is_dir() or path.exists() or not _is_repo_id(spec):
+        if not path.is_dir():
+            resolve_source_root(spec, revision, offline)  # raises its UsageError
+        return
+    if not (offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}):
+        reach_hub(spec, revision)
 
 
 def resolve_source_root(spec: str, revision: str | None, offline: bool,
@@ -86,6 +101,8 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     offline = offline or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    if not offline:
+        reach_hub(spec, revision)
     try:
         if not weights and not offline:
             snap = describing_files(spec, revision)
@@ -161,6 +178,31 @@ def remote_header(repo_id: str, filename: str, revision: str, token=None) -> Hea
         data += _get(url, len(data), 8 + n - 1, token)[0]
     header = parse_header(data[:8], lambda k: data[8:8 + k], size, where)
     return Header(Path(filename), header.file_size, header.data_start, header.tensors, header.metadata)
+
+
+def reach_hub(repo_id: str, revision: str | None) -> None:
+    """One request, no retries, a few seconds at most: a repo the Hub does not have and a Hub that cannot be
+    reached are told apart in one line (huggingface_hub's downloads retry for about 30 s before they give up)."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision), timeout=HUB_PROBE_TIMEOUT_S)
+    except HfHubHTTPError as e:  # the Hub answered; its X-Error-Code says what it has not (not every version maps it)
+        response = getattr(e, "response", None)
+        code = response.headers.get("X-Error-Code", "") if response is not None else ""
+        status = response.status_code if response is not None else None
+        if isinstance(e, RevisionNotFoundError) or code == "RevisionNotFound":
+            raise InputError(f"--revision {revision}: SRC {repo_id!r} has no such branch, tag or commit") from None
+        if isinstance(e, RepositoryNotFoundError) or code == "RepositoryNotFound" or (
+                status in (401, 404) and code != "EntryNotFound"):
+            raise InputError(f"SRC {repo_id!r}: no such repo on the Hub (or it is private or gated: log in with "
+                             "`hf auth login` or set HF_TOKEN); check the repo id") from None
+        # else the download that follows reports what the Hub refuses
+    except Exception as e:  # noqa: BLE001 - the HTTP client's transport errors (no network, refused, timed out)
+        raise InputError(f"SRC {repo_id!r}: cannot reach the Hub at {constants.ENDPOINT} (no network? "
+                         f"{e.__class__.__name__}); pass --offline to use the local cache, or run `fimoe-convert "
+                         "download SRC` where there is network") from None
 
 
 def describing_files(repo_id: str, revision: str | None) -> Path:

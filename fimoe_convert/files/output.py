@@ -266,10 +266,23 @@ def check_out(src_dirs: list[Path], out: Path, resume: bool, overwrite: bool) ->
         problems.append(damaged)
     elif not (resume or overwrite):
         problems.append(f"OUT {out}: is not empty; " + (
-            "pass --resume to finish an interrupted conversion, --overwrite to replace it, or choose an empty folder"
+            _what_out_holds(out, len(others) - 1)
             if damaged is None else f"it holds an earlier conversion whose manifest cannot be used ({damaged}); pass "
                                     "--overwrite to replace it, or choose an empty folder"))
     return problems
+
+
+def _what_out_holds(out: Path, entries: int) -> str:
+    """What OUT's (readable) manifest says it holds, and only the flags that work on it."""
+    m = read_manifest(out)
+    o = m.options
+    what = f"--target {o.target}" + (f" --ep-size {o.ep_size}" if o.ep_size != 1 else "") + "".join(
+        f" --param {k}={v}" for k, v in sorted(o.params.items()))
+    if m.complete:
+        return (f"it holds a complete conversion ({what}, {entries} files); pass --overwrite to replace it, or "
+                "choose an empty folder")
+    return (f"it holds an unfinished conversion ({what}); pass --resume with those flags to finish it, --overwrite "
+            "to replace it, or choose an empty folder")
 
 
 def free_disk(out: Path) -> tuple[Path, int]:

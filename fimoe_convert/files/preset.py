@@ -1,8 +1,10 @@
-"""Conversion presets (`--config FILE`): TOML files whose keys are `convert()`'s keyword arguments, plus `model`,
-the DeepSeek V4 variant the preset is made for (configs/convert/ holds the recommended ones)."""
+"""Conversion presets (`--config NAME|FILE`): TOML files whose keys are `convert()`'s keyword arguments; `model` is
+the DeepSeek V4 variant the preset is made for. The recommended ones are package data (fimoe_convert/presets/),
+addressed by name."""
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 
@@ -14,21 +16,48 @@ from .safe_open import open_regular
 KEYS = ("model", "target", "revision", "ep_size", "device", "arch", "max_memory", "shard_size", "allow_lossy",
         "params", "writers")
 MAX_BYTES = 64 * 1024  # a preset is a few lines; anything larger is not one
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+def preset_names() -> list[str]:
+    """The names of the presets shipped with the package (--config NAME)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def close_names(word: str, names: list[str]) -> list[str]:
+    """Names that `word` may have meant: a prefix or part of one (difflib's ratio misses those), else similar."""
+    w = word.lower().replace("-", "_")
+    part = [n for n in names if w and (n.lower().startswith(w) or w in n.lower())]
+    return part[:3] or difflib.get_close_matches(w, names, n=3, cutoff=0.6)
+
+
+def preset_path(config: str | Path) -> Path:
+    """--config's file: an existing path, else a package preset by name (a `configs/convert/NAME.toml` path from
+    older docs also finds it); an unknown name is a UsageError with the names it may have meant."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    names = preset_names()
+    name = path.stem if path.suffix == ".toml" else path.name
+    if name in names and (path.suffix == ".toml" or len(path.parts) == 1):
+        return PRESETS_DIR / f"{name}.toml"
+    close = close_names(name, names)
+    raise UsageError(f"--config {config}: no such preset or file; "
+                     + (f"did you mean {' or '.join(close)}? " if close else "")
+                     + f"the presets are {', '.join(names)} (fimoe-convert targets lists them)")
 
 
 def load_preset(path: str | Path) -> dict:
     """The preset's settings, by convert() keyword; every problem names the file and the key (the values of
     flags are converted, and their problems reported, by the CLI)."""
-    path = Path(path)
+    path = preset_path(path)
     try:
         with open_regular(path) as f:  # a FIFO or /dev/zero: refused, and never more than MAX_BYTES + 1 read
             raw = f.read(MAX_BYTES + 1)
         if len(raw) > MAX_BYTES:
             raise UsageError(f"--config {path}: more than {MAX_BYTES} bytes, more than a preset has; "
-                             "pass a preset file (configs/convert/*.toml)")
+                             "pass a preset name or file (fimoe-convert targets lists the presets)")
         data = tomllib.loads(raw.decode())
-    except FileNotFoundError:
-        raise UsageError(f"--config {path}: no such file; the presets are in configs/convert/") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--config {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     except tomllib.TOMLDecodeError as e:

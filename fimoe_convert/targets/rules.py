@@ -67,14 +67,15 @@ def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]
             problems.append(f"--target {kernel.name}: its preprocessing runs only on a GPU of compute capability "
                             f"{' or '.join(kernel.preprocess_capabilities)}, this one is {cap}; convert on such a GPU")
     missing = [m for m in kernel.needs_packages if not present(m)]
-    for mod in missing:
-        problems.append(f"--target {kernel.name}: needs the Python package {mod!r}, which is not installed here; "
-                        f"{INSTALL.get(mod, f'pip install {mod}')}")
+    fi_install = f"pip install 'flashinfer-python>={versions.show(versions.MIN_FLASHINFER)}'"
+    for mod in missing:  # an environment problem (exit 1), not a usage one: the line does not start with the flag
+        problems.append(f"Python package {mod!r} (needed by --target {kernel.name}): not installed here; "
+                        f"{fi_install if mod == 'flashinfer' else INSTALL.get(mod, f'pip install {mod}')}")
     if kernel.runtime_module and "flashinfer" not in missing:
         v = versions.flashinfer()
         if v is None or v < versions.MIN_FLASHINFER:
             need = versions.show(versions.MIN_FLASHINFER)
-            problems.append(f"--target {kernel.name}: needs flashinfer-python >= {need}, found "
+            problems.append(f"Python package flashinfer-python (for --target {kernel.name}): needs >= {need}, found "
                             f"{'none' if v is None else versions.show(v)}; pip install 'flashinfer-python>={need}'")
     for key, mult in zip(("hidden_size", "moe_intermediate_size"), kernel.align):
         val = getattr(model, key)

@@ -184,21 +184,22 @@ def test_targets_lists_engines_and_suggestions():
 
 
 @pytest.mark.parametrize("target, missing, match", [
-    ("megamoe_sm90_mxfp4", "flashinfer", r"^error: --target megamoe_sm90_mxfp4: needs the Python package 'flashinfer', "
-                                         r"which is not installed here; pip install 'fimoe-convert\[flashinfer\]'$"),
-    ("sm90_fp8_fp8_bf16_pull_cutedsl", "flashinfer", r"^error: --target sm90_fp8_fp8_bf16_pull_cutedsl: needs the "
-                                                     r"Python package 'flashinfer', .*fimoe-convert\[flashinfer\]"),
-    ("sm100_fp8_fp4_bf16_deepgemm", "deep_gemm", r"needs the Python package 'deep_gemm', which is not installed here; "
-                                                 r"install a DeepGEMM build"),
+    ("megamoe_sm90_mxfp4", "flashinfer", r"^error: Python package 'flashinfer' \(needed by --target megamoe_sm90_mxfp4\): "
+                                         r"not installed here; pip install 'flashinfer-python>=0\.7\.4'$"),
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", "flashinfer", r"^error: Python package 'flashinfer' \(needed by --target "
+                                                     r"sm90_fp8_fp8_bf16_pull_cutedsl\): .*flashinfer-python>="),
+    ("sm100_fp8_fp4_bf16_deepgemm", "deep_gemm", r"Python package 'deep_gemm' \(needed by --target "
+                                                 r"sm100_fp8_fp4_bf16_deepgemm\): not installed here; install a DeepGEMM build"),
 ])
 def test_a_target_whose_package_is_missing_says_what_to_install_in_one_line(tiny_ckpt, tmp_path, monkeypatch, target,
                                                                             missing, match):
+    """An environment problem: exit 1, and a pip line that works however fimoe-convert was installed."""
     from fimoe_convert.targets import rules
 
     present = rules.present
     monkeypatch.setattr(rules, "present", lambda m: m != missing and present(m))
     r = run(tiny_ckpt, tmp_path / "out", "--target", target, "--arch", "10.0" if "sm100" in target else "9.0")
-    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert any(re.search(match, line) for line in r.stderr.splitlines()), r.stderr
     assert not (tmp_path / "out").exists()
 

@@ -158,7 +158,7 @@ def test_resume_after_interrupt_gives_identical_output(tiny_ckpt, bf16_out, tmp_
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({}, r"OUT .*: is not empty; pass --resume .* --overwrite"),
+    ({}, r"OUT .*: is not empty; it holds a complete conversion \(--target bf16, \d+ files\); pass --overwrite"),
     ({"resume": True, "shard_size": "2MB"}, r"--resume: .* other options \(shard_size differ"),
     ({"resume": True, "overwrite": True}, r"--resume and --overwrite: pass one of them"),
 ])
