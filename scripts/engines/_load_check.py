@@ -69,15 +69,19 @@ class Trace:
 
     def __init__(self, model, default_loader):
         self.current = None
-        self.consumed, self.calls, self.mismatch = set(), Counter(), []
+        self.consumed, self.calls, self.mismatch, self.errors = set(), Counter(), [], {}
         for pname, p in model.named_parameters():
             p.weight_loader = self._wrap(pname, p, getattr(p, "weight_loader", default_loader))
 
     def _wrap(self, pname, param, loader):
         def traced(prm, loaded, *a, **k):
             if loaded.dtype != prm.dtype and loaded.dtype.itemsize != prm.dtype.itemsize:
-                self.mismatch.append(f"{self.current}: {loaded.dtype} -> {pname} {prm.dtype}")
-            out = loader(prm, loaded, *a, **k)
+                self.mismatch.append(f"{self.current}: {loaded.dtype} -> {prm.dtype}")
+            try:
+                out = loader(prm, loaded, *a, **k)
+            except Exception as exc:  # noqa: BLE001  (kept per tensor so that loading goes on to the rest)
+                self.errors.setdefault(kind(self.current), [0, where(exc)])[0] += 1
+                return False
             if out is not False:
                 self.consumed.add(self.current)
                 self.calls[kind(pname)] += 1
@@ -101,9 +105,14 @@ def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
           f"names load_weights returned: {len(returned) if returned is not None else '-'}")
     print(f"parameters: {len(params)} total, {len(params) - len(whole) - len(part)} filled, "
           f"{len(whole)} still all-sentinel, {len(part)} partly sentinel")
-    for title, items in (("not consumed", unused), ("still all-sentinel", whole), ("partly sentinel", part),
+    for k, (c, w) in sorted(tr.errors.items()):
+        print(f"  weight_loader raised on {k} x{c}:{w}")
+    mtp = [n for n in unused if n.startswith("mtp.")]
+    if mtp:  # the main model's mapper drops mtp.*; the speculative (MTP) draft model loads them
+        print(f"  not consumed: mtp.* x{len(mtp)} (MTP block, not part of the main model)")
+    for title, items in (("not consumed", [n for n in unused if not n.startswith("mtp.")]), ("still all-sentinel", whole), ("partly sentinel", part),
                          ("dtype mismatches (loaded -> param)", tr.mismatch)):
         ks = Counter(kind(i) for i in items)
         for k, c in sorted(ks.items()):
             print(f"  {title}: {k} x{c}")
-    return int(bool(unused or whole or part or tr.mismatch))
+    return int(bool(unused or whole or part or tr.mismatch or tr.errors))

@@ -85,6 +85,9 @@ def fake_cuda() -> list:
         setattr(torch.cuda, qual.rsplit(".", 1)[1], obj)
     platforms.current_platform.device_type = "cpu"  # layers allocate on current_platform.device_type
     patches["current_platform.device_type"] = "cpu"
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+    sai.has_deep_gemm = lambda: True  # DeepGEMM (CUDA-only) ships with vLLM's GPU wheels; only checked here
+    patches["sparse_attn_indexer.has_deep_gemm"] = "True"
     for ns in ("_C", "_moe_C"):  # ops the extension would register; layers keep a handle in __init__
         _cuda_stub.stub_op_namespace(getattr(torch.ops, ns))
         patches[f"torch.ops.{ns}.<unregistered op>"] = "stub that raises if called"
@@ -99,6 +102,7 @@ def build(cfg, out: str) -> int:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     with set_current_vllm_config(cfg):
         if not torch.distributed.is_initialized():
@@ -109,12 +113,12 @@ def build(cfg, out: str) -> int:
 
         print(f"CUDA patches (no GPU): {fake_cuda() or 'none'}")
         try:
-            with torch.device("cpu"):
+            with set_default_torch_dtype(cfg.model_config.dtype), torch.device("cpu"):  # as vLLM's loader
                 model = DeepseekV4ForCausalLM(vllm_config=cfg, prefix="")
         except Exception as exc:  # report where the engine's own code stops
             print(f"STOP building the model: {lc.where(exc)}")
             return 1
-        print(f"built on cpu: {sum(1 for _ in model.named_parameters())} parameters")
+        print(f"built on cpu (default dtype {cfg.model_config.dtype}): {sum(1 for _ in model.named_parameters())} parameters")
         for k, v in lc.quant_methods(model).items():
             print(f"  quant method {k}: {v}")
         pats = lc.fill_sentinel(model)
