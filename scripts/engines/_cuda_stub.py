@@ -20,3 +20,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec): return _Stub(spec.name)
     def exec_module(self, module): pass
 def install(names): sys.meta_path.insert(0, _Finder(names))
+ACCESSED = []
+def stub_op_namespace(ns):
+    """torch.ops namespace: ops the missing extension would register become stubs (names kept in ACCESSED)."""
+    base = type(ns)
+    class _Ns(base):
+        def __getattr__(self, op):
+            try:
+                return base.__getattr__(self, op)
+            except AttributeError:
+                if op.startswith("__"):
+                    raise
+                ACCESSED.append(f"{self.name}.{op}")
+                return _Stub(f"torch.ops.{self.name}").__getattr__(op)
+    ns.__class__ = _Ns

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Make the tiny source, convert the outputs the README tells users to serve with vLLM, and run vllm_load.py on
-# each inside a private venv (never the project's). Usage: scripts/engines/run.sh WORKDIR
+# Make the tiny source (indexer head 128, the only size the engines' kernels take), convert the outputs the README
+# tells users to serve, and run vllm_load.py and sglang_load.py on each, each engine in its own private venv
+# (never the project's). Usage: scripts/engines/run.sh WORKDIR
 set -euo pipefail
 work=${1:?usage: run.sh WORKDIR}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,9 +16,19 @@ if [ ! -x "$venv/bin/python" ]; then
     partial-json-parser jsonschema watchfiles python-json-logger ninja ijson oss-harmony uvloop xgrammar \
     llguidance triton_kernels
 fi
-python3 scripts/make_fixture.py "$work/src" --preset tiny
-for t in "bf16" "fp8_block --param scale_dtype=f32"; do
+sg=$work/venv-sglang
+if [ ! -x "$sg/bin/python" ]; then
+  python3 -m venv "$sg"
+  "$sg/bin/pip" install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+  "$sg/bin/pip" install -q --no-deps sglang==0.5.23 compressed-tensors loguru gguf openai sniffio \
+    partial-json-parser apache-tvm-ffi pybase64 triton dill
+  "$sg/bin/pip" install -q transformers safetensors attrs aiohttp starlette ipython pillow pyzmq pyyaml \
+    msgspec orjson psutil requests tqdm numpy pydantic fastapi einops
+fi
+[ -d "$work/src" ] || python3 scripts/make_fixture.py "$work/src" --preset tiny --index-head-dim 128
+for t in "bf16" "fp8_block --param scale_dtype=f32" "fp8_block"; do
   o=$work/out-$(echo "$t" | tr ' =' '__')
   [ -d "$o" ] || fimoe-convert "$work/src" "$o" --target $t
-  "$venv/bin/python" "$here/vllm_load.py" "$o"
+  "$venv/bin/python" "$here/vllm_load.py" "$o" || true
+  "$sg/bin/python" "$here/sglang_load.py" "$o" || true
 done

@@ -1,8 +1,9 @@
 """vLLM's own config and DeepSeek V4 quant-config selection on one output folder: `python vllm_load.py OUT`.
 
 Without a GPU, vLLM is told it runs on an H200 (capability 9.0) and its CUDA extension modules are replaced by
-stubs that raise if called, so only Python-level code runs. Then builds the CUDA model class on the CPU and
-prints the exact line where it stops; load_weights is not reached on a CPU yet."""
+stubs that raise if called, so only Python-level code runs; the CUDA stream/event objects the model's
+constructor keeps are replaced by inert fakes (printed). Then builds the CUDA model class on the CPU, prints the
+quant method per layer kind, and runs the model's own load_weights over every tensor of OUT."""
 
 import sys
 from pathlib import Path
@@ -58,33 +59,76 @@ def main(out: str) -> int:
         with set_current_vllm_config(cfg):
             print(f"expert_dtype resolved: {qc.expert_dtype!r}; linear scales e8m0: {qc.is_scale_e8m0}")
             print(f"weight_block_size: {qc.weight_block_size}; ignored_layers: {len(qc.ignored_layers or [])}")
-    return build(cfg)
+    return build(cfg, out)
 
 
-def build(cfg) -> int:
-    """Build DeepseekV4ForCausalLM (the CUDA model class) on the CPU; print the exact point where it stops."""
+def fake_cuda() -> list:
+    """Minimal stand-ins for the CUDA runtime objects the model's constructor makes (after all imports)."""
+    if CUDA:
+        return []
+    import vllm.platforms as platforms
+
+    class FakeStream:  # the constructor only keeps streams for later kernel overlap
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, *a):
+            pass
+
+    class FakeEvent(FakeStream):
+        def record(self, *a):
+            pass
+
+    patches = {"torch.cuda.Stream": FakeStream, "torch.cuda.Event": FakeEvent,
+               "torch.cuda.current_device": lambda: 0, "torch.cuda.current_stream": lambda *a: FakeStream()}
+    for qual, obj in patches.items():
+        setattr(torch.cuda, qual.rsplit(".", 1)[1], obj)
+    platforms.current_platform.device_type = "cpu"  # layers allocate on current_platform.device_type
+    patches["current_platform.device_type"] = "cpu"
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+    sai.has_deep_gemm = lambda: True  # DeepGEMM (CUDA-only) ships with vLLM's GPU wheels; only checked here
+    patches["sparse_attn_indexer.has_deep_gemm"] = "True"
+    for ns in ("_C", "_moe_C"):  # ops the extension would register; layers keep a handle in __init__
+        _cuda_stub.stub_op_namespace(getattr(torch.ops, ns))
+        patches[f"torch.ops.{ns}.<unregistered op>"] = "stub that raises if called"
+    return list(patches)
+
+
+def build(cfg, out: str) -> int:
+    """Build DeepseekV4ForCausalLM (the CUDA model class) on the CPU, then run its load_weights over OUT."""
     import tempfile
-    import traceback
 
+    import _load_check as lc
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     with set_current_vllm_config(cfg):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{tempfile.mktemp()}")
-        initialize_model_parallel(1, 1)
+        if not torch.distributed.is_initialized():
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{tempfile.mktemp()}")
+            initialize_model_parallel(1, 1)
         from vllm.models.deepseek_v4.nvidia.model import DeepseekV4ForCausalLM
 
+        print(f"CUDA patches (no GPU): {fake_cuda() or 'none'}")
         try:
-            with torch.device("cpu"):
+            with set_default_torch_dtype(cfg.model_config.dtype), torch.device("cpu"):  # as vLLM's loader
                 model = DeepseekV4ForCausalLM(vllm_config=cfg, prefix="")
         except Exception as exc:  # report where the engine's own code stops
-            frame = traceback.extract_tb(exc.__traceback__)[-2]
-            print(f"STOP building the model: {Path(frame.filename).name}:{frame.lineno} `{frame.line}` "
-                  f"-> {type(exc).__name__}: {exc}")
+            print(f"STOP building the model: {lc.where(exc)}")
             return 1
-    print(f"built: {sum(1 for _ in model.named_parameters())} parameters; load_weights not run by this script")
-    return 0
+        print(f"built on cpu (default dtype {cfg.model_config.dtype}): {sum(1 for _ in model.named_parameters())} parameters")
+        for k, v in lc.quant_methods(model).items():
+            print(f"  quant method {k}: {v}")
+        pats = lc.fill_sentinel(model)
+        tr = lc.Trace(model, default_weight_loader)
+        names, returned = [], None
+        try:
+            returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
+        except Exception as exc:
+            print(f"STOP in load_weights at tensor {tr.current}: {lc.where(exc)}")
+        return max(lc.report(model, names, pats, tr, returned), int(returned is None))
 
 
 if __name__ == "__main__":

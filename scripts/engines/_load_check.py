@@ -1,0 +1,118 @@
+"""Engine-independent checks around a model's own load_weights: sentinel fill, loader call tracing, summaries."""
+import re
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+SENTINEL_INT = 0x5A  # byte written into every element of integer / fp8-scale parameters before loading
+
+
+def where(exc: BaseException) -> str:
+    """file:line `code` of the innermost frames (engine path from its package root), plus the exception."""
+    frames = [f"{_short(f.filename)}:{f.lineno} `{f.line}`" for f in traceback.extract_tb(exc.__traceback__)[-4:]]
+    return "\n    " + "\n    ".join(frames) + f"\n    -> {type(exc).__name__}: {exc}"
+
+
+def _short(path: str) -> str:
+    parts = Path(path).parts
+    return "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else Path(path).name
+
+
+def kind(name: str) -> str:
+    """Parameter / module name with layer and expert indices folded, so the summary has one row per kind."""
+    return re.sub(r"\.\d+(?=\.|$)", ".N", name)
+
+
+def quant_methods(model) -> dict:
+    """Quant method class per module kind (routed experts, shared experts, attention linears, ...)."""
+    seen = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        if qm is not None:
+            seen.setdefault(kind(name), f"{type(mod).__name__}: {type(qm).__name__}")
+    return seen
+
+
+def fill_sentinel(model) -> dict:
+    """NaN into floating parameters (fp8 too), 0x5A bytes into integer ones; returns each one's sentinel element bytes."""
+    pats = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            try:
+                if p.dtype.is_floating_point:
+                    p.data.fill_(float("nan"))
+                else:
+                    p.data.view(torch.uint8).fill_(SENTINEL_INT)
+            except (RuntimeError, TypeError):  # fp8 fill_ missing on this build: the dtype's NaN byte
+                p.data.view(torch.uint8).fill_(0xFF if p.dtype == torch.float8_e8m0fnu else 0x7F)
+            pats[name] = p.data.reshape(-1)[:1].view(torch.uint8).clone()
+    return pats
+
+
+def unfilled(model, pats: dict) -> tuple[list, list]:
+    """(parameters still wholly sentinel, parameters partly sentinel), compared byte for byte."""
+    whole, part = [], []
+    for name, p in model.named_parameters():
+        b = p.data.reshape(-1).view(torch.uint8).reshape(p.numel(), -1)
+        hit = (b == pats[name]).all(dim=1)
+        if hit.all():
+            whole.append(name)
+        elif hit.any():
+            part.append(f"{name} ({int(hit.sum())}/{p.numel()})")
+    return whole, part
+
+
+class Trace:
+    """Wraps every parameter's weight_loader and the weights iterator: which tensor fed which parameter."""
+
+    def __init__(self, model, default_loader):
+        self.current = None
+        self.consumed, self.calls, self.mismatch, self.errors = set(), Counter(), [], {}
+        for pname, p in model.named_parameters():
+            p.weight_loader = self._wrap(pname, p, getattr(p, "weight_loader", default_loader))
+
+    def _wrap(self, pname, param, loader):
+        def traced(prm, loaded, *a, **k):
+            if loaded.dtype != prm.dtype and loaded.dtype.itemsize != prm.dtype.itemsize:
+                self.mismatch.append(f"{self.current}: {loaded.dtype} -> {prm.dtype}")
+            try:
+                out = loader(prm, loaded, *a, **k)
+            except Exception as exc:  # noqa: BLE001  (kept per tensor so that loading goes on to the rest)
+                self.errors.setdefault(kind(self.current), [0, where(exc)])[0] += 1
+                return False
+            if out is not False:
+                self.consumed.add(self.current)
+                self.calls[kind(pname)] += 1
+            return out
+        return traced
+
+    def weights(self, folder: str):
+        from safetensors import safe_open
+        for shard in sorted(Path(folder).glob("*.safetensors")):
+            with safe_open(str(shard), framework="pt") as f:
+                for n in f.keys():
+                    self.current = n
+                    yield n, f.get_tensor(n)
+
+
+def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
+    whole, part = unfilled(model, pats)
+    params = [n for n, _ in model.named_parameters()]
+    unused = [n for n in names if n not in tr.consumed]
+    print(f"tensors offered: {len(names)}; consumed (a weight_loader took them): {len(tr.consumed)}; "
+          f"names load_weights returned: {len(returned) if returned is not None else '-'}")
+    print(f"parameters: {len(params)} total, {len(params) - len(whole) - len(part)} filled, "
+          f"{len(whole)} still all-sentinel, {len(part)} partly sentinel")
+    for k, (c, w) in sorted(tr.errors.items()):
+        print(f"  weight_loader raised on {k} x{c}:{w}")
+    mtp = [n for n in unused if n.startswith("mtp.")]
+    if mtp:  # the main model's mapper drops mtp.*; the speculative (MTP) draft model loads them
+        print(f"  not consumed: mtp.* x{len(mtp)} (MTP block, not part of the main model)")
+    for title, items in (("not consumed", [n for n in unused if not n.startswith("mtp.")]), ("still all-sentinel", whole), ("partly sentinel", part),
+                         ("dtype mismatches (loaded -> param)", tr.mismatch)):
+        ks = Counter(kind(i) for i in items)
+        for k, c in sorted(ks.items()):
+            print(f"  {title}: {k} x{c}")
+    return int(bool(unused or whole or part or tr.mismatch or tr.errors))
