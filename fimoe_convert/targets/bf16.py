@@ -107,8 +107,16 @@ def expert_skip_list(model: ModelSpec) -> list[str]:
     engines match (docs/ENGINES.md): `layers.N.ffn.experts` (DeepSeek's; vLLM maps it to `model.layers.N.ffn.experts`
     and skips an experts prefix contained in an entry; transformers renames it to `layers.N.mlp.experts` and
     matches it as a suffix), `layers.N.mlp.experts` (SGLang matches `model.layers.N.mlp.experts` exactly and keeps
-    both `X` and `model.X` of each entry). `lm_head` first: transformers stops skipping it once a list is given."""
+    both `X` and `model.X` of each entry), and vLLM's own module name (`vllm_experts_module`). `lm_head` first: transformers stops skipping it once a list is given."""
     names = ["lm_head"]
     for block in model.moe_blocks:
-        names += [f"{block}.ffn.experts", f"{block}.mlp.experts"]
+        names += [f"{block}.ffn.experts", f"{block}.mlp.experts", vllm_experts_module(model, block)]
     return names
+
+
+def vllm_experts_module(model: ModelSpec, block: str) -> str:
+    """vLLM's own name of a block's routed-experts module, which its DeepSeek V4 quant config matches exactly
+    (`is_layer_skipped`, exact mode): `model.layers.N.ffn.experts`, MTP block k as layer num_hidden_layers + k."""
+    kind, index = block.split(".")
+    n = int(index) + (model.num_hidden_layers if kind == "mtp" else 0)
+    return f"model.layers.{n}.ffn.experts"

@@ -65,6 +65,8 @@ def test_config_has_no_expert_dtype_skips_experts_and_small_files_copied(tiny_ck
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
     assert {"lm_head", "layers.0.ffn.experts", "layers.0.mlp.experts", "mtp.0.ffn.experts"} <= \
         set(cfg["quantization_config"]["ignored_layers"])
+    # vLLM matches its own module names exactly; the MTP block is its layer num_hidden_layers + k
+    assert {"model.layers.0.ffn.experts", "model.layers.3.ffn.experts"} <= set(cfg["quantization_config"]["ignored_layers"])
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (bf16_out / name).read_bytes() == (tiny_ckpt / name).read_bytes()
 
