@@ -125,7 +125,8 @@ class StreamedSource(Source):
         self._on_verified: Callable[[str, str], None] = lambda rel, sha: None
         self.fetched = 0  # bytes received from the Hub, over all streams and re-reads
         for rel in self.remote:  # no local file: the identity of a Hub file at a pinned commit is its size
-            self.identities[rel] = {"size": self._shards[rel].size, "mtime_ns": 0, "inode": 0, "dev": 0}
+            self.identities[rel] = {"size": self._shards[rel].size, "mtime_ns": 0, "ctime_ns": 0, "inode": 0,
+                                    "dev": 0}
 
     # -- files -------------------------------------------------------------------------------------------------
 
