@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""python3 scripts/readme_examples.py --print | --write | --check: run the README's example commands on the demo
+checkpoint and print them, rewrite README.md's marked blocks, or report the blocks that differ (exit 1).
+
+A block is marked by `<!-- example: NAME -->` on the line just before its fence. Blocks are compared after
+`normalize()` (timings, rates, the temporary folder), so `--write` leaves a block alone when only those differ."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+# name -> (commands, each the arguments after `fimoe-convert`; whether the block shows them as `$ ...` lines)
+EXAMPLES = {
+    "demo": ([["demo"]], False),
+    "inspect-verify": ([["inspect", "demo-out/out-megamoe_sm90_mxfp4"], ["verify", "demo-out/out-bf16"]], True),
+    "upload-dry-run": ([["upload", "demo-out/out-bf16", "your-name/DeepSeek-V4-Tiny-bf16", "--dry-run"]], True),
+}
+MARKER = re.compile(r"<!-- example: ([\w-]+) -->\n(```[^\n]*\n)(.*?)(```)", re.S)
+VARYING = [  # (pattern, replacement): what changes between runs and machines
+    (re.compile(r"\bin \d+(?:\.\d+)? s\b"), "in N s"),
+    (re.compile(r"\d+(?:\.\d+)? [kMGT]?B/s\b"), "N B/s"),
+    (re.compile(r"\d+(?:\.\d+)? [kMGT]?B free\b"), "N B free"),
+]
+
+
+def normalize(text: str, workdir: str | None = None) -> str:
+    if workdir:
+        text = text.replace(workdir.rstrip("/") + "/", "")
+    for pattern, replacement in VARYING:
+        text = pattern.sub(replacement, text)
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n"
+
+
+def _run(args: list[str], cwd: str, env: dict) -> str:
+    cmd = [sys.executable, "-m", "fimoe_convert", *args]
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"`fimoe-convert {' '.join(args)}` exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def generate() -> dict[str, str]:
+    """Run every example in a fresh folder; return each block's text (raw, temporary paths made relative)."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="readme-examples-") as tmp:
+        # the repo's package, no Hub token or stored login, so the upload listing says the same on every machine
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                   HF_HOME=str(Path(tmp) / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1")
+        for name, (commands, prompt) in EXAMPLES.items():
+            text = ""
+            for args in commands:
+                text += f"$ fimoe-convert {' '.join(args)}\n" if prompt else ""
+                text += _run(args, tmp, env)
+            out[name] = text.replace(tmp.rstrip("/") + "/", "").rstrip("\n") + "\n"
+    return out
+
+
+def readme_blocks(text: str) -> dict[str, str]:
+    """Each marked block's content, by name; a name marked twice is an error."""
+    blocks: dict[str, str] = {}
+    for m in MARKER.finditer(text):
+        if m.group(1) in blocks:
+            raise ValueError(f"README.md marks the example {m.group(1)!r} twice; keep one marker per block")
+        blocks[m.group(1)] = m.group(3)
+    return blocks
+
+
+def differences(text: str, generated: dict[str, str]) -> list[str]:
+    """One line per problem: a missing or unknown marker, or a block whose normalized text differs."""
+    blocks = readme_blocks(text)
+    problems = [f"{n}: no `<!-- example: {n} -->` marker before a fenced block in README.md"
+                for n in generated if n not in blocks]
+    problems += [f"{n}: README.md marks an example this script does not generate" for n in blocks if n not in generated]
+    for name in generated:
+        if name in blocks and normalize(blocks[name]) != normalize(generated[name]):
+            problems.append(f"{name}: README.md shows\n{normalize(blocks[name])}but the command prints now\n"
+                            f"{normalize(generated[name])}")
+    return problems
+
+
+def rewrite(text: str, generated: dict[str, str]) -> str:
+    """README text with each stale marked block replaced; a block equal after normalize() is kept as is."""
+    def sub(m: re.Match) -> str:
+        new = generated.get(m.group(1))
+        if new is None or normalize(m.group(3)) == normalize(new):
+            return m.group(0)
+        return f"<!-- example: {m.group(1)} -->\n{m.group(2)}{new}{m.group(4)}"
+    return MARKER.sub(sub, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--print", action="store_true", help="print each block")
+    mode.add_argument("--write", action="store_true", help="rewrite README.md's stale blocks in place")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a block differs")
+    a = ap.parse_args(argv)
+    generated = generate()
+    if a.print:
+        for name, block in generated.items():
+            print(f"<!-- example: {name} -->\n```text\n{block}```\n")
+        return 0
+    text = README.read_text()
+    if a.write:
+        new = rewrite(text, generated)
+        if new != text:
+            tmp = README.with_name(README.name + ".tmp")
+            tmp.write_text(new)
+            os.replace(tmp, README)
+    problems = differences(README.read_text(), generated)
+    print("\n".join(problems) or f"README.md: {len(generated)} example blocks match")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
