@@ -104,10 +104,11 @@ class Bf16Target(Target):
 
 def expert_skip_list(model: ModelSpec) -> list[str]:
     """Module names of every MoE block's routed experts for quantization_config.ignored_layers, in the spellings the
-    engines match (docs/ENGINES.md): `layers.N.ffn.experts` (DeepSeek's; vLLM maps it to `model.layers.N.ffn.experts`
-    and skips an experts prefix contained in an entry; transformers renames it to `layers.N.mlp.experts` and
-    matches it as a suffix), `layers.N.mlp.experts` (SGLang matches `model.layers.N.mlp.experts` exactly and keeps
-    both `X` and `model.X` of each entry), and vLLM's own module name (`vllm_experts_module`). `lm_head` first: transformers stops skipping it once a list is given."""
+    engines match (docs/ENGINES.md): `layers.N.ffn.experts` (DeepSeek's; transformers renames it to
+    `layers.N.mlp.experts` and matches it as a suffix), `layers.N.mlp.experts` (SGLang matches
+    `model.layers.N.mlp.experts` exactly and keeps both `X` and `model.X` of each entry), and vLLM's own module name
+    (`vllm_experts_module`: its DeepSeek V4 quant config matches routed experts exactly). `lm_head` first:
+    transformers stops skipping it once a list is given."""
     names = ["lm_head"]
     for block in model.moe_blocks:
         names += [f"{block}.ffn.experts", f"{block}.mlp.experts", vllm_experts_module(model, block)]
