@@ -26,6 +26,8 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     for bit."""
     out_dir = Path(out)
     manifest = read_manifest(out_dir)
+    # --deep: the source's identity first, so a wrong --src is said in seconds, before OUT is hashed
+    source = _source(manifest, src, out_dir) if deep else None
     res = verify_files(out_dir, manifest, progress)
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if not res.problems:
@@ -33,9 +35,8 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     stray = stray_single_file(out_dir, manifest.files)
     if stray:
         res.problems.append(stray)
-    if res.problems or not deep:
+    if res.problems or source is None:
         return report
-    source = _source(manifest, src, out_dir)
     o = manifest.options
     target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
                                    allow_lossy=o.allow_lossy, params=dict(o.params))

@@ -248,3 +248,20 @@ def test_a_missing_src_folder_is_refused_before_torch_is_imported(tmp_path):
                      r"\(org/name\)$", p.stderr, re.M), p.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "fimoe_convert.files.hub_source" in imported and "torch" not in imported
+
+
+def test_verify_deep_checks_the_source_before_hashing_out(bf16_out_of, tmp_path):
+    """A wrong --src is said before any byte of OUT is hashed (on a large output that took minutes), and blamed as
+    --src; the right one still verifies."""
+    from fimoe_convert import verify
+    from fimoe_convert.errors import InputError
+    from fimoe_convert.testing import make_checkpoint
+
+    out = bf16_out_of("5GB")
+    other = make_checkpoint(tmp_path / "other", "tiny", seed=7)
+    hashed = []
+    with pytest.raises(InputError, match=rf"^--src {re.escape(str(other))}: is not the checkpoint .* was converted from"):
+        verify(str(out), deep=True, src=str(other), progress=lambda done, total: hashed.append(done))
+    assert hashed == []
+    assert verify(str(out), deep=True, progress=lambda done, total: hashed.append(done))["problems"] == []
+    assert hashed  # the same call with the right source does hash OUT
