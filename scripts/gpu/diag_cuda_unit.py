@@ -40,9 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=30)
     args = ap.parse_args()
+    from fimoe_convert.checkpoint import model_spec_from_config
     from fimoe_convert.numerics import dequant_fp4_to_bf16
     from fimoe_convert.plan import OutTensor, Unit
-    from fimoe_convert.checkpoint import model_spec_from_config
     from fimoe_convert.targets import TargetOptions, make_target
 
     n = args.repeat

@@ -338,7 +338,6 @@ def run_hypothesis(examples: int, seed: int, log=print) -> dict:
 
 def run_atheris(examples: int, seed: int) -> None:
     import atheris
-
     import torch  # noqa: F401  (heavy, imported uninstrumented)
 
     import fimoe_convert.dtypes as dt

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fimoe_convert.files.manifest import read_manifest
-from fimoe_convert.plan import assign_shards, plan_shards, OutTensor
+from fimoe_convert.plan import OutTensor, assign_shards, plan_shards
 
 
 def folder(p: Path) -> dict:

@@ -3,12 +3,10 @@
 import json
 
 import pytest
-
-from fimoe_convert import convert
-from fimoe_convert import verify
-from fimoe_convert.errors import InputError, ValidationError
 from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
+from fimoe_convert import convert, verify
+from fimoe_convert.errors import InputError, ValidationError
 
 
 def test_hub_repo_converts_offline_and_pins_revision(hub_cache, tiny_ckpt, tmp_path):

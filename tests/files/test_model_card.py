@@ -16,13 +16,12 @@ from click.testing import CliRunner
 from huggingface_hub import ModelCard
 from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
+from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
-from fimoe_convert import convert
 from fimoe_convert.files.manifest import MANIFEST_NAME, Manifest
 from fimoe_convert.hub import model_card
 from fimoe_convert.kernels import get_kernel
 from fimoe_convert.targets import TargetOptions, target_record
-from fimoe_convert import verify
 
 TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
 BF16_CMD = "fimoe-convert ./DeepSeek-V4-Tiny OUT --shard-size 3MB"

@@ -26,9 +26,9 @@ import pytest
 import test_source as damage
 from click.testing import CliRunner
 
-from fimoe_convert.files import atomic, names, st_header, st_writer
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
+from fimoe_convert.files import atomic, names, st_header, st_writer
 from fimoe_convert.files.st_header import parse_header
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 

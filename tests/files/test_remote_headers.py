@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers.hub_files import HubFiles
 
 from fimoe_convert.files.hub_source import FIRST_BYTES
-from helpers.hub_files import HubFiles
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
 

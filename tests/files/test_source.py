@@ -100,9 +100,10 @@ def tensor_in_two_shards(src):
     idx = _index(src)
     a, b = sorted(set(idx["weight_map"].values()))[:2]
     name = next(n for n, s in idx["weight_map"].items() if s == a)
+    import torch
+
     from fimoe_convert.files.st_header import PlannedTensor, read_header
     from fimoe_convert.files.st_writer import write_file
-    import torch
     info = read_header(src / a).tensors[name]
     hb = read_header(src / b)
     tensors = []

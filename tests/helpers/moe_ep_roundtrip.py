@@ -66,7 +66,8 @@ def direct(x):
         return me.preprocess_sm107_mxfp4_mega_weights(fp4_pack(x, True), **geo)
     if target == "sm100_mxfp8_mxfp4_bf16_cutedsl":  # no public function: the kernel's own helper
         from flashinfer.moe_ep.kernel_src.sm100.next_cutedsl_megamoe.shim.kernel_helpers import (
-            preprocess_prequantized_block_scaled_weights)
+            preprocess_prequantized_block_scaled_weights,
+        )
         p = fp4_pack(x, True)
         return preprocess_prequantized_block_scaled_weights(p.w13, p.w2, p.w13_scale, p.w2_scale,
                                                             quant_kind="mxfp4_mxfp8", **geo)

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from fimoe_convert.numerics import dequant_fp4_to_bf16
-from fimoe_convert.numerics import fp4 as fp4_mod
+from fimoe_convert.numerics import dequant_fp4_to_bf16, fp4 as fp4_mod
 
 SEED_LUT = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 

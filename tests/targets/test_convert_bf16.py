@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from reference import load_all, same_bits, seed_dequant
+from safetensors import safe_open
 
-from fimoe_convert import convert
-from fimoe_convert import verify
+from fimoe_convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, UsageError, ValidationError
 from fimoe_convert.files.manifest import MANIFEST_NAME, dumps, read_manifest
 from fimoe_convert.testing import make_checkpoint

@@ -5,11 +5,10 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
 from reference import seed_dequant
+from safetensors import safe_open
 
-from fimoe_convert import convert
-from fimoe_convert import verify
+from fimoe_convert import convert, verify
 from fimoe_convert.errors import ValidationError
 from fimoe_convert.runtime import load_megamoe_weights
 from fimoe_convert.testing import make_checkpoint
@@ -148,7 +147,7 @@ def test_leg_transform_matches_flashinfer_public_function_with_and_without_the_h
 
 def test_repack_is_exact_in_values(tiny_ckpt, megamoe_out):
     """Dequantizing the windowed inputs times the global scale gives the seed dequant of the source."""
-    from fimoe_convert.numerics.mxfp4 import marlin_to_linear, window_scales, linear_to_marlin
+    from fimoe_convert.numerics.mxfp4 import linear_to_marlin, marlin_to_linear, window_scales
     src = read(tiny_ckpt, ["layers.1.ffn.experts.2.w2.weight", "layers.1.ffn.experts.2.w2.scale"])
     p, s = src["layers.1.ffn.experts.2.w2.weight"][None], src["layers.1.ffn.experts.2.w2.scale"][None]
     newp, news, g, rep, bad = window_scales(p, s, allow_lossy=False)

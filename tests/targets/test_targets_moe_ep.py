@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fimoe_convert import convert
-from fimoe_convert.inspection import list_targets
 from fimoe_convert.errors import ValidationError
+from fimoe_convert.inspection import list_targets
 from fimoe_convert.testing import make_checkpoint
 
 pytest.importorskip("flashinfer")
