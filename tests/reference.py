@@ -34,6 +34,6 @@ def load_all(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for shard in sorted(set(index.values())):
         with safe_open(str(folder / shard), "pt") as f:
-            for k in f.keys():
+            for k in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 out[k] = f.get_tensor(k)
     return out

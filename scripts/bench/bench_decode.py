@@ -156,7 +156,7 @@ def sweep_kernels(tag: str, packed: torch.Tensor, scales: torch.Tensor, out: tor
     best: dict = {}
     for cfg in sweep_configs():
         label = sweep_label(cfg)
-        fn = lambda: dequant_fp4_to_bf16_cuda(packed, scales, out=out, **cfg)  # noqa: E731
+        fn = lambda: dequant_fp4_to_bf16_cuda(packed, scales, out=out, **cfg)  # noqa: B023, E731
         try:
             out.zero_()
             fn()  # compiles; a failure here is a config problem, not a timing one

@@ -140,9 +140,8 @@ def _wait_for_kill_point(proc: subprocess.Popen, mode: str, rng: random.Random, 
                 reads += 1  # polls that caught a source shard open for reading
                 if reads >= k:
                     return
-        elif mode == "finalize":
-            if INDEX in names or INDEX + TMP in names or "config.json" + TMP in names:
-                return
+        elif mode == "finalize" and (INDEX in names or INDEX + TMP in names or "config.json" + TMP in names):
+            return
         time.sleep(0.0002)
     deadline = time.monotonic() + extra
     while time.monotonic() < deadline and proc.poll() is None:

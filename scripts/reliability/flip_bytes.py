@@ -42,7 +42,7 @@ def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, 
         shards = sorted(out.glob("model-*.safetensors"))
         rng = random.Random(seed)
         detected, missed, regions = 0, [], {"header": 0, "data": 0}
-        for i in range(flips):
+        for _ in range(flips):
             shard = rng.choice(shards)
             data = bytearray(shard.read_bytes())
             header_end = 8 + int.from_bytes(data[:8], "little")

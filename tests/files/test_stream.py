@@ -70,8 +70,8 @@ def same_files(a, b) -> list[str]:
     return [n for n in names if (a / n).read_bytes() != (b / n).read_bytes()]
 
 
-def shard_gets(hub, name):
-    return [r for m, p, r in hub.requests if m == "GET" and p.endswith("/" + name)]
+def shard_gets(server, name):
+    return [r for m, p, r in server.requests if m == "GET" and p.endswith("/" + name)]
 
 
 @pytest.mark.parametrize("target", list(TARGETS))

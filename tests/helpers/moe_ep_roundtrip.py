@@ -28,7 +28,7 @@ params = dict(a.split("=", 1) for a in argv[3:])
 src = Path(src)
 convert(str(src), out, target, ep_size=2, params=params, arch=arch)
 cfg = json.loads((src / "config.json").read_text())
-H, I = cfg["hidden_size"], cfg["moe_intermediate_size"]
+H, INTER = cfg["hidden_size"], cfg["moe_intermediate_size"]
 E = cfg["n_routed_experts"]
 index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
 
@@ -61,7 +61,7 @@ def bf16_pack(x):
 
 
 def direct(x):
-    geo = dict(intermediate_size=I, hidden_size=H)
+    geo = dict(intermediate_size=INTER, hidden_size=H)
     if target in ("sm107_mxfp8_mxfp4_bf16_cutedsl", "sm107_mxfp4_mxfp4_bf16_cutedsl"):
         return me.preprocess_sm107_mxfp4_mega_weights(fp4_pack(x, True), **geo)
     if target == "sm100_mxfp8_mxfp4_bf16_cutedsl":  # no public function: the kernel's own helper
