@@ -14,5 +14,7 @@ p.add_argument("--seed", type=int, default=0)
 p.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
 p.add_argument("--experts", type=int, default=None)
 args = p.parse_args()
-overrides = {k: v for k, v in {"seed": args.seed, "layers": args.layers, "experts": args.experts}.items() if v is not None}
+overrides = {
+    k: v for k, v in {"seed": args.seed, "layers": args.layers, "experts": args.experts}.items() if v is not None
+}
 print(make_checkpoint(args.out, args.preset, sparse=args.sparse, **overrides))

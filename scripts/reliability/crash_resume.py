@@ -78,7 +78,9 @@ def run_cli(args: list[str], in_process: bool) -> tuple[int, str]:
         from fimoe_convert.cli import main
 
         r = CliRunner().invoke(main, args)
-        return r.exit_code, r.stderr + (f"\n{r.exception!r}" if r.exception and r.exit_code not in (0, 1, 2, 130) else "")
+        return r.exit_code, r.stderr + (
+            f"\n{r.exception!r}" if r.exception and r.exit_code not in (0, 1, 2, 130) else ""
+        )
     p = subprocess.run([sys.executable, "-m", "fimoe_convert", *args], capture_output=True, text=True, env=child_env())
     return p.returncode, p.stderr
 
@@ -136,7 +138,9 @@ def _wait_for_kill_point(proc: subprocess.Popen, mode: str, rng: random.Random, 
                     return
             in_tmp = now
         elif mode == "read":
-            if MANIFEST in names and any(f.startswith(src_s) and f.endswith(".safetensors") for f in _open_files(proc.pid)):
+            if MANIFEST in names and any(
+                f.startswith(src_s) and f.endswith(".safetensors") for f in _open_files(proc.pid)
+            ):
                 reads += 1  # polls that caught a source shard open for reading
                 if reads >= k:
                     return
@@ -241,8 +245,12 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
         out = work / "out"
         for i, mode in enumerate(plan):
             shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size, convert_opts=convert_opts)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size, convert_opts=convert_opts)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=child_env(),
+            )
             try:
                 _wait_for_kill_point(proc, mode, rng, src, out, ref_seconds if not in_process else 4.0, n_shards)
                 exited = proc.poll() is not None

@@ -57,7 +57,9 @@ def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, 
                 if v.exit_code == 1 and shard.name in v.stderr and "Traceback" not in v.output:
                     detected += 1
                 else:
-                    missed.append(f"{shard.name} byte {at} ^ {mask:#04x}: verify exit {v.exit_code} {v.output.strip()!r}")
+                    missed.append(
+                        f"{shard.name} byte {at} ^ {mask:#04x}: verify exit {v.exit_code} {v.output.strip()!r}"
+                    )
             finally:
                 data[at] = orig
                 shard.write_bytes(bytes(data))

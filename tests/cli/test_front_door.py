@@ -232,9 +232,12 @@ def test_no_network_fails_in_one_line_within_seconds_naming_offline_and_download
     endpoint = closed_port()
     p, secs = hub_cli(endpoint, tmp_path)
     assert p.returncode == 1 and secs < 10, (secs, p.stderr)
-    assert re.fullmatch(rf"error: SRC 'nobody/no-such-repo': cannot reach the Hub at {re.escape(endpoint)} \(no network\? "
-                        r"\w+\); pass --offline to use the local cache, or run `fimoe-convert download SRC` where "
-                        r"there is network\n", p.stderr), p.stderr
+    assert re.fullmatch(
+        rf"error: SRC 'nobody/no-such-repo': cannot reach the Hub at {re.escape(endpoint)} \(no network\? "
+        r"\w+\); pass --offline to use the local cache, or run `fimoe-convert download SRC` where "
+        r"there is network\n",
+        p.stderr,
+    ), p.stderr
 
 
 def test_a_missing_src_folder_is_refused_before_torch_is_imported(tmp_path):

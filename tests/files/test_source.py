@@ -171,16 +171,28 @@ CASES = [
     (header_too_big, r"header length 200000000 bytes exceeds the 100000000-byte limit"),
     (header_not_json, r"model-00002-of-00004\.safetensors: header is not valid JSON"),
     (overlapping, r"at data offset \d+ overlaps the previous tensor"),
-    (bytes_vs_shape, r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': 16384 bytes in the file, but I8 \[128, 64\] needs 8192"),
+    (
+        bytes_vs_shape,
+        r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': 16384 bytes in the file, but I8 \[128, 64\] needs 8192",
+    ),
     (missing_shard, r"names shard 'model-0000\d-of-00004\.safetensors', which does not exist"),
-    (index_names_absent_tensor, r"names tensor 'layers\.0\.attn\.ghost\.weight' in shard 'model-00001-of-00004\.safetensors', which does not hold it"),
+    (
+        index_names_absent_tensor,
+        r"names tensor 'layers\.0\.attn\.ghost\.weight' in shard 'model-00001-of-00004\.safetensors', which does not hold it",
+    ),
     (tensor_in_two_shards, r"is in two shards"),
     (missing_expert, r"layers\.1: 1 routed-expert tensors missing, e\.g\. layers\.1\.ffn\.experts\.3\.w1\.weight"),
     (missing_scale, r"layers\.1: 1 routed-expert tensors missing, e\.g\. layers\.1\.ffn\.experts\.3\.w1\.scale"),
-    (scale_wrong_shape, r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.scale': F8_E8M0 \[64, 16\], expected F8_E8M0 \[128, 8\]"),
+    (
+        scale_wrong_shape,
+        r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.scale': F8_E8M0 \[64, 16\], expected F8_E8M0 \[128, 8\]",
+    ),
     (traversal, r"shard name '\.\./x\.safetensors' is not a plain relative path"),
     (absolute, r"shard name '/etc/passwd' is not a plain relative path"),
-    (symlink_out, r"shard 'model-00004-of-00004\.safetensors' is a link to .*outside\.safetensors, outside the checkpoint"),
+    (
+        symlink_out,
+        r"shard 'model-00004-of-00004\.safetensors' is a link to .*outside\.safetensors, outside the checkpoint",
+    ),
 ]
 
 
@@ -191,18 +203,29 @@ def test_bad_checkpoint_is_refused_with_a_named_problem(tiny_copy, damage, match
         open_source(str(tiny_copy))
 
 
-@pytest.mark.parametrize("changes, match", [
-    ({"model_type": "llama"}, r"model_type is 'llama'; expected one of deepseek_v4, deepseek_v41"),
-    ({"hidden_size": None}, r"hidden_size is None; expected a positive integer"),
-    ({"hidden_size": None, "n_routed_experts": "8"},
-     r"2 problems:\n  - .*hidden_size is None.*\n  - .*n_routed_experts is '8'"),
-    ({"n_routed_experts": 4}, r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts"),
-    ({"num_hidden_layers": 4}, r"num_hidden_layers is 4, but the index holds 3 layers \(layers\.0 to layers\.2\); "
-                               r"the checkpoint is incomplete"),
-    ({"moe_intermediate_size": 256}, r"expected I8 \[256, 128\]"),
-    ({"expert_dtype": None}, r"expected F8_E4M3 \[128, 256\] \(expert_dtype fp8"),
-    ({"num_experts_per_tok": 9}, r"num_experts_per_tok is 9; expected at most n_routed_experts \(8\)"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"model_type": "llama"}, r"model_type is 'llama'; expected one of deepseek_v4, deepseek_v41"),
+        ({"hidden_size": None}, r"hidden_size is None; expected a positive integer"),
+        (
+            {"hidden_size": None, "n_routed_experts": "8"},
+            r"2 problems:\n  - .*hidden_size is None.*\n  - .*n_routed_experts is '8'",
+        ),
+        (
+            {"n_routed_experts": 4},
+            r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts",
+        ),
+        (
+            {"num_hidden_layers": 4},
+            r"num_hidden_layers is 4, but the index holds 3 layers \(layers\.0 to layers\.2\); "
+            r"the checkpoint is incomplete",
+        ),
+        ({"moe_intermediate_size": 256}, r"expected I8 \[256, 128\]"),
+        ({"expert_dtype": None}, r"expected F8_E4M3 \[128, 256\] \(expert_dtype fp8"),
+        ({"num_experts_per_tok": 9}, r"num_experts_per_tok is 9; expected at most n_routed_experts \(8\)"),
+    ],
+)
 def test_config_missing_or_contradicting_tensors(tiny_copy, changes, match):
     _config(tiny_copy, **changes)
     with pytest.raises(ValidationError, match=match):

@@ -89,7 +89,9 @@ def direct(x):
 
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-blocks = [f"layers.{i}" for i in range(cfg["num_hidden_layers"])] + [f"mtp.{k}" for k in range(cfg["num_nextn_predict_layers"])]
+blocks = [f"layers.{i}" for i in range(cfg["num_hidden_layers"])] + [
+    f"mtp.{k}" for k in range(cfg["num_nextn_predict_layers"])
+]
 n = 0
 for block in blocks:
     for rank in (0, 1):

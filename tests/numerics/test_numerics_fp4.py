@@ -40,7 +40,9 @@ def assert_bit_equal(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     g, w = bits(got).cpu(), bits(want).cpu()
     bad = (g != w).nonzero()
-    assert len(bad) == 0, f"{len(bad)} mismatches, first at {bad[0].tolist()}: got {g[tuple(bad[0])]:#06x} want {w[tuple(bad[0])]:#06x}"
+    assert len(bad) == 0, (
+        f"{len(bad)} mismatches, first at {bad[0].tolist()}: got {g[tuple(bad[0])]:#06x} want {w[tuple(bad[0])]:#06x}"
+    )
 
 
 def all_combos(scale_bytes: range = range(255), device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,8 +201,14 @@ def test_bad_out_raises(out, exc, match):
 
 
 def test_empty_inputs():
-    assert dequant_fp4_to_bf16(torch.empty(0, 16, dtype=torch.uint8), torch.empty(0, 1, dtype=torch.uint8)).shape == (0, 32)
-    assert dequant_fp4_to_bf16(torch.empty(3, 0, dtype=torch.int8), torch.empty(3, 0, dtype=torch.uint8)).shape == (3, 0)
+    assert dequant_fp4_to_bf16(torch.empty(0, 16, dtype=torch.uint8), torch.empty(0, 1, dtype=torch.uint8)).shape == (
+        0,
+        32,
+    )
+    assert dequant_fp4_to_bf16(torch.empty(3, 0, dtype=torch.int8), torch.empty(3, 0, dtype=torch.uint8)).shape == (
+        3,
+        0,
+    )
 
 
 @pytest.mark.parametrize("column_major", [False, True])

@@ -167,7 +167,8 @@ def test_vllm_backends_and_suggestions_come_from_the_kernel_table():
     10.3 only (FORMATS.md, section 2); the suggestions for a capability are kernels that run on it."""
     assert {
         "flashinfer_moe_ep_mega_deep_gemm": FiMoeEpBackendSpec("sm100_fp8_fp4_bf16_deepgemm", False),
-        "flashinfer_moe_ep_mega_cutedsl": FiMoeEpBackendSpec("sm100_nvfp4_nvfp4_bf16_cutedsl", True)} == FI_MOE_EP_BACKENDS
+        "flashinfer_moe_ep_mega_cutedsl": FiMoeEpBackendSpec("sm100_nvfp4_nvfp4_bf16_cutedsl", True),
+    } == FI_MOE_EP_BACKENDS
     assert shim._vllm_capabilities() == [(10, 0), (10, 3)]
     from fimoe_convert.kernels import suggested
 

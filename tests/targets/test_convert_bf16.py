@@ -40,8 +40,12 @@ def test_experts_bit_identical_to_seed_formula(tiny_ckpt, bf16_out):
 
 def test_fixture_covers_extreme_scale_bytes_and_negative_zero(tiny_ckpt):
     src = load_all(tiny_ckpt)
-    scales = torch.cat([t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".scale") and ".experts." in n])
-    codes = torch.cat([t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".weight") and ".experts." in n])
+    scales = torch.cat(
+        [t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".scale") and ".experts." in n]
+    )
+    codes = torch.cat(
+        [t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".weight") and ".experts." in n]
+    )
     assert {1, 254} <= set(scales.unique().tolist())
     assert bool(((codes & 0xF) == 8).any()) and bool(((codes >> 4) == 8).any())
 
@@ -198,7 +202,9 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     data[info.start + 3] = 255
     shard.write_bytes(bytes(data))
     out = tmp_path / "out"
-    with pytest.raises(CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w2\.scale': 1 scale bytes are 255"):
+    with pytest.raises(
+        CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w2\.scale': 1 scale bytes are 255"
+    ):
         convert(str(src), str(out), "bf16")
     assert read_manifest(out).complete is False
     assert not (out / "model.safetensors.index.json").exists()

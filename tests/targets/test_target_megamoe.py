@@ -113,7 +113,9 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
     from fimoe_convert.targets import TargetOptions, get_kernel, make_target
 
     unit_bytes = min(64 << 20, int(max_memory[:-3]) << {"MiB": 20, "GiB": 30}[max_memory[-3:]] >> 5)
-    units = make_target(get_kernel(TARGET), open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes)).units()
+    units = make_target(
+        get_kernel(TARGET), open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes)
+    ).units()
     per_rank = {leg: sum(1 for u in units if u.block == "layers.0" and u.rank == 0 and u.leg == leg)
                 for leg in ("l1", "l2")}
     assert per_rank == {"l1": l1_chunks, "l2": l2_chunks}
@@ -122,7 +124,9 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
     assert folder_bytes(out) == folder_bytes(megamoe_small_shards)
     for rank in (0, 1):
         for block in ("layers.0", "mtp.0"):
-            for got, want in zip(load_megamoe_weights(out, block, rank), load_megamoe_weights(megamoe_out, block, rank)):
+            for got, want in zip(
+                load_megamoe_weights(out, block, rank), load_megamoe_weights(megamoe_out, block, rank)
+            ):
                 assert got.dtype == want.dtype and torch.equal(got, want)
     assert verify(str(out), deep=True, samples=100)["problems"] == []
 
@@ -188,13 +192,24 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     assert rep["lossy_experts"] == 1 and rep["clamped_groups"] == 1 and 0 < rep["worst_rel_l2"] < 0.1
 
 
-@pytest.mark.parametrize("overrides, opts, match", [
-    ({"hidden": 128, "inter": 128}, {}, r"hidden_size 128 must be a multiple of 256"),
-    ({"inter": 96}, {}, r"moe_intermediate_size 96 must be a multiple of 128"),
-    ({}, {"ep_size": 8, "arch": "10.0"}, r"--arch 10\.0: --target megamoe_sm90_mxfp4 runs on compute capability 9\.0"),
-    ({"experts": 12}, {"ep_size": 3}, r"--ep-size 3: megamoe_sm90_mxfp4 runs on a power-of-two number of ranks"),
-    ({"expert_dtype": "fp8"}, {}, r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are FP8"),
-])
+@pytest.mark.parametrize(
+    "overrides, opts, match",
+    [
+        ({"hidden": 128, "inter": 128}, {}, r"hidden_size 128 must be a multiple of 256"),
+        ({"inter": 96}, {}, r"moe_intermediate_size 96 must be a multiple of 128"),
+        (
+            {},
+            {"ep_size": 8, "arch": "10.0"},
+            r"--arch 10\.0: --target megamoe_sm90_mxfp4 runs on compute capability 9\.0",
+        ),
+        ({"experts": 12}, {"ep_size": 3}, r"--ep-size 3: megamoe_sm90_mxfp4 runs on a power-of-two number of ranks"),
+        (
+            {"expert_dtype": "fp8"},
+            {},
+            r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are FP8",
+        ),
+    ],
+)
 def test_validation_before_reading(tmp_path, overrides, opts, match):
     src = make_checkpoint(tmp_path / "src", "tiny", layers=1, mtp=0, hash_layers=0, **overrides)
     with pytest.raises(ValidationError, match=match):
