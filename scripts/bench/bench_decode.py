@@ -198,7 +198,8 @@ def main() -> None:
         from fimoe_convert.numerics import fp4_triton
 
         print(
-            f"path: {'triton kernel' if fp4_triton.triton_available() else 'torch table gather (triton not importable)'}"
+            "path: "
+            f"{'triton kernel' if fp4_triton.triton_available() else 'torch table gather (triton not importable)'}"
         )
     rows = [bench(size, args.device, repeat, args.sweep and size == n) for size in sorted({1, n})]
     if args.json:

@@ -56,7 +56,8 @@ def main() -> None:
     print(f"ratio peak RSS 8 layers / 2 layers (8GiB): {peaks[(8, '8GiB')] / peaks[(2, '8GiB')]:.2f}x (goal <= 1.1x)")
     print(f"ratio peak RSS 8 layers / 2 layers (2GiB): {peaks[(8, '2GiB')] / peaks[(2, '2GiB')]:.2f}x (goal <= 1.1x)")
     print(
-        f"peak RSS with --max-memory 2GiB: {max(peaks[(8, '2GiB')], peaks[(2, '2GiB')]) / 2**30:.2f} GiB (goal <= 3 GiB)"
+        "peak RSS with --max-memory 2GiB: "
+        f"{max(peaks[(8, '2GiB')], peaks[(2, '2GiB')]) / 2**30:.2f} GiB (goal <= 3 GiB)"
     )
     print(f"highest single peak, any run: {max_seen / 2**30:.2f} GiB")
     if args.json:

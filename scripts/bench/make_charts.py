@@ -5,11 +5,14 @@
     python3 scripts/bench/make_charts.py [--results benchmarks/results] [--out docs/img] [--no-docs]
 
 Reads (every file is optional; a chart whose data is missing is skipped, with a line saying so):
-    benchmarks/results/2026-11-29-{convert,load,memory,decode}.jsonl   transcribed from the 2026-11-29 logs (H200 and CPU)
+    benchmarks/results/2026-11-29-{convert,load,memory,decode}.jsonl
+        transcribed from the 2026-11-29 logs (H200 and CPU)
     benchmarks/results/cpu/2026-12-01-convert.jsonl                    scripts/bench/bench_convert.py --json
-    benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json     bench_memory.py / bench_decode.py / bench_startup.py --json
+    benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json
+        bench_memory.py / bench_decode.py / bench_startup.py --json
     benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
-    benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl                  bench_convert.py --json on the H200 at V4 geometry
+    benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl
+        bench_convert.py --json on the H200 at V4 geometry
     docs/img/terminal-convert.txt                            a tmux capture-pane of a conversion in progress
 Writes docs/img/*.png, and (unless --no-docs) the table between the `h200-v4-geometry` markers in
 docs/PERFORMANCE.md, from the V4-geometry files ("not yet measured" when there are none).
@@ -448,7 +451,7 @@ def render_terminal(txt: Path, png: Path, title: str, made: list[str]) -> None:
     print(f"wrote {png}")
 
 
-# The V4-geometry table in docs/PERFORMANCE.md --------------------------------------------------------------------------
+# The V4-geometry table in docs/PERFORMANCE.md -------------------------------------------------------------------
 
 
 def v4_geometry_table(rows: list[dict]) -> str:

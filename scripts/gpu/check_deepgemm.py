@@ -112,7 +112,8 @@ def cli(out, *extra, debug=False):
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=WORK)
     lines = (p.stdout + p.stderr).strip().splitlines()
     say(
-        f"$ (cd {WORK}) {' '.join(cmd[1:])}{'  (FIMOE_DEBUG=1)' if debug else ''}  -> rc {p.returncode} in {time.perf_counter() - t:.1f} s"
+        f"$ (cd {WORK}) {' '.join(cmd[1:])}{'  (FIMOE_DEBUG=1)' if debug else ''}  "
+        f"-> rc {p.returncode} in {time.perf_counter() - t:.1f} s"
     )
     for ln in [x for x in lines if "converting:" not in x][-30:]:
         print("    " + ln, flush=True)

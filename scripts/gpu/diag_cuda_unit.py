@@ -55,7 +55,8 @@ def main() -> None:
     mb = y.numel() * 2 / 1e6
     print(f"one matrix: {codes.numel() / 1e6:.1f} MB of codes in, {mb:.1f} MB of BF16 out")
     print(
-        f"pinned alloc {mb:.1f} MB (cache warm): {median_ms(lambda: torch.empty(y.shape, dtype=y.dtype, pin_memory=True), n, False):.3f} ms"
+        f"pinned alloc {mb:.1f} MB (cache warm): "
+        f"{median_ms(lambda: torch.empty(y.shape, dtype=y.dtype, pin_memory=True), n, False):.3f} ms"
     )
     print(f"H2D codes from pinned: {median_ms(lambda: dcodes.copy_(codes, non_blocking=True), n):.3f} ms")
     print(f"decode kernel: {median_ms(lambda: dequant_fp4_to_bf16(dcodes, dscales, out=y), n):.3f} ms")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Crash-resume check: SIGKILL the real CLI at random points, then `--resume`, compare byte for byte.
 
-    python3 scripts/reliability/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB] [--target bf16]
+    python3 scripts/reliability/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB]
+                                    [--target bf16]
                                     [--writers N]
     python3 scripts/reliability/crash_resume.py --enospc-tmpfs [--workdir DIR]   # a real disk-full run, prints JSON
 

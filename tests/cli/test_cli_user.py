@@ -86,7 +86,8 @@ def test_reports_are_one_readable_line(tiny_ckpt, tmp_path):
 
 
 def test_progress_without_a_terminal_is_plain_lines_and_the_error_comes_last(tiny_ckpt, tmp_path, monkeypatch):
-    """stderr is not a terminal here: no \\r redraws, a plain line per interval; after Ctrl-C the error is the last line."""
+    """stderr is not a terminal here: no \\r redraws, a plain line per interval; after Ctrl-C the error is the last
+    line."""
     monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)
     r = run(tiny_ckpt, tmp_path / "out", "--shard-size", "1MB")
     assert r.exit_code == 0
@@ -249,7 +250,8 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
     (["{src}", "{out}", "--resume"], "checking kept shards"),
 ])
 def test_every_long_step_shows_progress(tiny_ckpt, bf16_out, tmp_path, monkeypatch, args, label):
-    """The steps that hash whole folders print plain progress lines with a rate (no terminal here), then their result."""
+    """The steps that hash whole folders print plain progress lines with a rate (no terminal here), then their
+    result."""
     monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)
     out = tmp_path / "out"
     shutil.copytree(bf16_out, out)

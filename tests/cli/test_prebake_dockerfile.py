@@ -90,7 +90,8 @@ def problems(text: str) -> list[str]:
         p.append("no global ARG SERVE_IMAGE (the engine image that serves)")
     if [(s[0], s[1]) for s in st] != [("convert", "${PYTHON_IMAGE}"), ("serve", "${SERVE_IMAGE}")]:
         p.append(
-            f"stages {[(s[0], s[1]) for s in st]}; expected convert from ${{PYTHON_IMAGE}}, then serve from ${{SERVE_IMAGE}}"
+            f"stages {[(s[0], s[1]) for s in st]}; "
+            "expected convert from ${PYTHON_IMAGE}, then serve from ${SERVE_IMAGE}"
         )
         return p
     (_, _, conv), (_, _, serve) = st
@@ -120,7 +121,8 @@ def problems(text: str) -> list[str]:
             )
     if arg_defaults(conv).get("FLASHINFER") not in flashinfer:
         p.append(
-            f"convert: FLASHINFER defaults to {arg_defaults(conv).get('FLASHINFER')!r}; expected pyproject's {flashinfer}"
+            f"convert: FLASHINFER defaults to {arg_defaults(conv).get('FLASHINFER')!r}; "
+            f"expected pyproject's {flashinfer}"
         )
     if "${FLASHINFER}" not in " ".join(args for _, w, args in conv if w == "RUN"):
         p.append("convert: no RUN installs ${FLASHINFER}")
@@ -130,7 +132,8 @@ def problems(text: str) -> list[str]:
     ]
     if len(conversion) != 1:
         p.append(
-            f'{len(conversion)} conversion steps in the convert stage; expected one RUN with fimoe-convert "${{MODEL}}" /layer/models/out'
+            f"{len(conversion)} conversion steps in the convert stage; "
+            'expected one RUN with fimoe-convert "${MODEL}" /layer/models/out'
         )
     else:
         n, args = conversion[0]
@@ -153,7 +156,8 @@ def problems(text: str) -> list[str]:
     layers = [(n, w, args) for n, w, args in serve if w in ("RUN", "COPY", "ADD")]
     if not layers or layers[-1][1:] != ("COPY", OUT_COPY):
         p.append(
-            f"serve: last layer is {layers[-1][1:] if layers else None}; expected COPY {OUT_COPY} (one layer per conversion)"
+            f"serve: last layer is {layers[-1][1:] if layers else None}; "
+            f"expected COPY {OUT_COPY} (one layer per conversion)"
         )
     for n, w, args in serve:
         if w in ("COPY", "ADD") and "--from=" in args and not args.startswith(("--from=convert /src ", OUT_COPY)):

@@ -113,8 +113,8 @@ def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
 
 
 def test_crash_resume_three_sigkills(tmp_path):
-    """The CI version of scripts/reliability/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written, while
-    the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
+    """The CI version of scripts/reliability/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written,
+    while the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
     cr = _script("crash_resume")
     c = cr.campaign(kills=3, seed=1, workdir=tmp_path, modes=("shard", "manifest", "read"), in_process=True,
                     log=lambda *a: None)

@@ -178,7 +178,8 @@ CASES = [
     (missing_shard, r"names shard 'model-0000\d-of-00004\.safetensors', which does not exist"),
     (
         index_names_absent_tensor,
-        r"names tensor 'layers\.0\.attn\.ghost\.weight' in shard 'model-00001-of-00004\.safetensors', which does not hold it",
+        r"names tensor 'layers\.0\.attn\.ghost\.weight' in shard 'model-00001-of-00004\.safetensors', "
+        r"which does not hold it",
     ),
     (tensor_in_two_shards, r"is in two shards"),
     (missing_expert, r"layers\.1: 1 routed-expert tensors missing, e\.g\. layers\.1\.ffn\.experts\.3\.w1\.weight"),

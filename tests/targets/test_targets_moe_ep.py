@@ -105,7 +105,8 @@ def test_deepgemm_is_refused_up_front_naming_the_package_and_the_gpu(tiny_ckpt, 
     with pytest.raises(
         ValidationError,
         match=r"(?s)^2 problems:.*--device cpu: --target sm100_fp8_fp4_bf16_deepgemm "
-        r"preprocesses on a CUDA device only.*Python package 'deep_gemm' \(needed by --target sm100_fp8_fp4_bf16_deepgemm\): not installed here",
+        r"preprocesses on a CUDA device only.*Python package 'deep_gemm' "
+        r"\(needed by --target sm100_fp8_fp4_bf16_deepgemm\): not installed here",
     ):
         convert(str(tiny_ckpt), str(tmp_path / "out"), "sm100_fp8_fp4_bf16_deepgemm")
     assert not (tmp_path / "out").exists()
