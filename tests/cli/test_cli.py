@@ -49,21 +49,15 @@ def test_dry_run_prints_plan(tiny_ckpt, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "args, code, match",
-    [
-        (["--target", "nope"], 2, r"^error: --target nope: unknown target; known: bf16"),
-        (["--target", "bf61"], 2, r"^error: --target bf61: unknown target; did you mean 'bf16'\? known: bf16"),
-        (["--shard-size", "lots"], 2, r"^error: --shard-size: cannot read size 'lots'"),
-        (["--ep-size", "3"], 2, r"^error: --ep-size 3: must divide the 8 routed experts"),
-        (
-            ["--target", "megamoe_sm90_mxfp4", "--arch", "10.0"],
-            2,
-            r"^error: --arch 10\.0: --target megamoe_sm90_mxfp4 runs on",
-        ),
-        (["--resume", "--overwrite"], 2, r"^error: --resume and --overwrite: pass one of them, not both"),
-    ],
-)
+@pytest.mark.parametrize("args, code, match", [
+    (["--target", "nope"], 2, r"^error: --target nope: unknown target; known: bf16"),
+    (["--target", "bf61"], 2, r"^error: --target bf61: unknown target; did you mean 'bf16'\? known: bf16"),
+    (["--shard-size", "lots"], 2, r"^error: --shard-size: cannot read size 'lots'"),
+    (["--ep-size", "3"], 2, r"^error: --ep-size 3: must divide the 8 routed experts"),
+    (["--target", "megamoe_sm90_mxfp4", "--arch", "10.0"], 2,
+     r"^error: --arch 10\.0: --target megamoe_sm90_mxfp4 runs on"),
+    (["--resume", "--overwrite"], 2, r"^error: --resume and --overwrite: pass one of them, not both"),
+])
 def test_bad_flags(tiny_ckpt, tmp_path, args, code, match):
     r = run(str(tiny_ckpt), str(tmp_path / "out"), *args)
     assert r.exit_code == code

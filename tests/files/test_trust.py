@@ -129,57 +129,31 @@ def _ranges(v):
             for i, r in enumerate(f.get(v, "r", LIST, ""))]
 
 
-@pytest.mark.parametrize(
-    "value, read, match",
-    [
-        (
-            {"quantization_config": "fp4"},
-            lambda v: check_config(v, "c.json"),
-            r"^c\.json: quantization_config is 'fp4'; expected an object or null$",
-        ),
-        (
-            {"architectures": ["A", 3]},
-            lambda v: check_config(v, "c.json"),
-            r"^c\.json: architectures\[1\] is 3; expected a string$",
-        ),
-        (
-            {"text_config": {"quantization_config": []}},
-            lambda v: check_config(v, "c.json"),
-            r"^c\.json: text_config\.quantization_config is a list \(0 items\); expected an object or null$",
-        ),
-        ([1, 2], lambda v: check_config(v, "c.json"), r"^c\.json: the file is a list \(2 items\); expected an object$"),
-        ({}, lambda v: index_weight_map(v, "c.json"), r"^c\.json: weight_map is missing; expected an object$"),
-        (
-            {"weight_map": {"a.weight": 5}},
-            lambda v: index_weight_map(v, "c.json"),
-            r"^c\.json: weight_map\['a\.weight'\] is 5; expected a string$",
-        ),
-        (
-            {"files": [1]},
-            lambda v: Fields("c.json").mapping(v, "files", "", lambda x, p: x),
-            r"^c\.json: files is a list \(1 items\); expected an object$",
-        ),
-        (
-            {"size": -1, "sha256": "0" * 64},
-            lambda v: FileRecord.from_json(v, "", Fields("c.json")),
-            r"size is -1; expected an integer >= 0",
-        ),
-        ({"size": True}, _field("size", NONNEG), r"size is True; expected an integer >= 0"),
-        (
-            {"sha256": "ABC"},
-            _field("sha256", nullable(HEX64)),
-            r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null",
-        ),
-        (
-            {"status": {"x": "done"}},
-            lambda v: Fields("c.json").mapping(v, "status", "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
-            r"status\.x is 'done'; expected one of 'pending', 'written'",
-        ),
-        ({"arch": ["9.0"]}, _field("arch", nullable(STR)), r"arch is a list \(1 items\); expected a string or null"),
-        ({"r": [[1, "2"]]}, _ranges, r"r\[0\]\[1\] is '2'; expected an integer"),
-        ({"s": "x" * 100}, _field("s", INT), r"s is 'x{50,}\.\.\.; expected an integer"),
-    ],
-)
+@pytest.mark.parametrize("value, read, match", [
+    ({"quantization_config": "fp4"}, lambda v: check_config(v, "c.json"),
+     r"^c\.json: quantization_config is 'fp4'; expected an object or null$"),
+    ({"architectures": ["A", 3]}, lambda v: check_config(v, "c.json"),
+     r"^c\.json: architectures\[1\] is 3; expected a string$"),
+    ({"text_config": {"quantization_config": []}}, lambda v: check_config(v, "c.json"),
+     r"^c\.json: text_config\.quantization_config is a list \(0 items\); expected an object or null$"),
+    ([1, 2], lambda v: check_config(v, "c.json"), r"^c\.json: the file is a list \(2 items\); expected an object$"),
+    ({}, lambda v: index_weight_map(v, "c.json"), r"^c\.json: weight_map is missing; expected an object$"),
+    ({"weight_map": {"a.weight": 5}}, lambda v: index_weight_map(v, "c.json"),
+     r"^c\.json: weight_map\['a\.weight'\] is 5; expected a string$"),
+    ({"files": [1]}, lambda v: Fields("c.json").mapping(v, "files", "", lambda x, p: x),
+     r"^c\.json: files is a list \(1 items\); expected an object$"),
+    ({"size": -1, "sha256": "0" * 64}, lambda v: FileRecord.from_json(v, "", Fields("c.json")),
+     r"size is -1; expected an integer >= 0"),
+    ({"size": True}, _field("size", NONNEG), r"size is True; expected an integer >= 0"),
+    ({"sha256": "ABC"}, _field("sha256", nullable(HEX64)),
+     r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
+    ({"status": {"x": "done"}},
+     lambda v: Fields("c.json").mapping(v, "status", "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
+     r"status\.x is 'done'; expected one of 'pending', 'written'"),
+    ({"arch": ["9.0"]}, _field("arch", nullable(STR)), r"arch is a list \(1 items\); expected a string or null"),
+    ({"r": [[1, "2"]]}, _ranges, r"r\[0\]\[1\] is '2'; expected an integer"),
+    ({"s": "x" * 100}, _field("s", INT), r"s is 'x{50,}\.\.\.; expected an integer"),
+])
 def test_typed_reading_names_the_field(value, read, match):
     with pytest.raises(InputError, match=match):
         read(value)
