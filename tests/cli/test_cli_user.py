@@ -194,29 +194,15 @@ def test_targets_lists_engines_and_suggestions():
     assert json.loads(run("targets", "--json").stdout)[0]["engines"]
 
 
-@pytest.mark.parametrize(
-    "target, missing, match",
-    [
-        (
-            "megamoe_sm90_mxfp4",
-            "flashinfer",
-            r"^error: Python package 'flashinfer' \(needed by --target megamoe_sm90_mxfp4\): "
-            r"not installed here; pip install 'flashinfer-python>=0\.7\.4'$",
-        ),
-        (
-            "sm90_fp8_fp8_bf16_pull_cutedsl",
-            "flashinfer",
-            r"^error: Python package 'flashinfer' \(needed by --target "
-            r"sm90_fp8_fp8_bf16_pull_cutedsl\): .*flashinfer-python>=",
-        ),
-        (
-            "sm100_fp8_fp4_bf16_deepgemm",
-            "deep_gemm",
-            r"Python package 'deep_gemm' \(needed by --target "
-            r"sm100_fp8_fp4_bf16_deepgemm\): not installed here; install a DeepGEMM build",
-        ),
-    ],
-)
+@pytest.mark.parametrize("target, missing, match", [
+    ("megamoe_sm90_mxfp4", "flashinfer",
+     r"^error: Python package 'flashinfer' \(needed by --target megamoe_sm90_mxfp4\): "
+                                         r"not installed here; pip install 'flashinfer-python>=0\.7\.4'$"),
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", "flashinfer", r"^error: Python package 'flashinfer' \(needed by --target "
+                                                     r"sm90_fp8_fp8_bf16_pull_cutedsl\): .*flashinfer-python>="),
+    ("sm100_fp8_fp4_bf16_deepgemm", "deep_gemm", r"Python package 'deep_gemm' \(needed by --target "
+     r"sm100_fp8_fp4_bf16_deepgemm\): not installed here; install a DeepGEMM build"),
+])
 def test_a_target_whose_package_is_missing_says_what_to_install_in_one_line(tiny_ckpt, tmp_path, monkeypatch, target,
                                                                             missing, match):
     """An environment problem: exit 1, and a pip line that works however fimoe-convert was installed."""

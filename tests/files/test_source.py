@@ -204,29 +204,19 @@ def test_bad_checkpoint_is_refused_with_a_named_problem(tiny_copy, damage, match
         open_source(str(tiny_copy))
 
 
-@pytest.mark.parametrize(
-    "changes, match",
-    [
-        ({"model_type": "llama"}, r"model_type is 'llama'; expected one of deepseek_v4, deepseek_v41"),
-        ({"hidden_size": None}, r"hidden_size is None; expected a positive integer"),
-        (
-            {"hidden_size": None, "n_routed_experts": "8"},
-            r"2 problems:\n  - .*hidden_size is None.*\n  - .*n_routed_experts is '8'",
-        ),
-        (
-            {"n_routed_experts": 4},
-            r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts",
-        ),
-        (
-            {"num_hidden_layers": 4},
-            r"num_hidden_layers is 4, but the index holds 3 layers \(layers\.0 to layers\.2\); "
-            r"the checkpoint is incomplete",
-        ),
-        ({"moe_intermediate_size": 256}, r"expected I8 \[256, 128\]"),
-        ({"expert_dtype": None}, r"expected F8_E4M3 \[128, 256\] \(expert_dtype fp8"),
-        ({"num_experts_per_tok": 9}, r"num_experts_per_tok is 9; expected at most n_routed_experts \(8\)"),
-    ],
-)
+@pytest.mark.parametrize("changes, match", [
+    ({"model_type": "llama"}, r"model_type is 'llama'; expected one of deepseek_v4, deepseek_v41"),
+    ({"hidden_size": None}, r"hidden_size is None; expected a positive integer"),
+    ({"hidden_size": None, "n_routed_experts": "8"},
+     r"2 problems:\n  - .*hidden_size is None.*\n  - .*n_routed_experts is '8'"),
+    ({"n_routed_experts": 4},
+     r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts"),
+    ({"num_hidden_layers": 4}, r"num_hidden_layers is 4, but the index holds 3 layers \(layers\.0 to layers\.2\); "
+                               r"the checkpoint is incomplete"),
+    ({"moe_intermediate_size": 256}, r"expected I8 \[256, 128\]"),
+    ({"expert_dtype": None}, r"expected F8_E4M3 \[128, 256\] \(expert_dtype fp8"),
+    ({"num_experts_per_tok": 9}, r"num_experts_per_tok is 9; expected at most n_routed_experts \(8\)"),
+])
 def test_config_missing_or_contradicting_tensors(tiny_copy, changes, match):
     _config(tiny_copy, **changes)
     with pytest.raises(ValidationError, match=match):

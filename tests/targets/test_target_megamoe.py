@@ -192,24 +192,14 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     assert rep["lossy_experts"] == 1 and rep["clamped_groups"] == 1 and 0 < rep["worst_rel_l2"] < 0.1
 
 
-@pytest.mark.parametrize(
-    "overrides, opts, match",
-    [
-        ({"hidden": 128, "inter": 128}, {}, r"hidden_size 128 must be a multiple of 256"),
-        ({"inter": 96}, {}, r"moe_intermediate_size 96 must be a multiple of 128"),
-        (
-            {},
-            {"ep_size": 8, "arch": "10.0"},
-            r"--arch 10\.0: --target megamoe_sm90_mxfp4 runs on compute capability 9\.0",
-        ),
-        ({"experts": 12}, {"ep_size": 3}, r"--ep-size 3: megamoe_sm90_mxfp4 runs on a power-of-two number of ranks"),
-        (
-            {"expert_dtype": "fp8"},
-            {},
-            r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are FP8",
-        ),
-    ],
-)
+@pytest.mark.parametrize("overrides, opts, match", [
+    ({"hidden": 128, "inter": 128}, {}, r"hidden_size 128 must be a multiple of 256"),
+    ({"inter": 96}, {}, r"moe_intermediate_size 96 must be a multiple of 128"),
+    ({}, {"ep_size": 8, "arch": "10.0"}, r"--arch 10\.0: --target megamoe_sm90_mxfp4 runs on compute capability 9\.0"),
+    ({"experts": 12}, {"ep_size": 3}, r"--ep-size 3: megamoe_sm90_mxfp4 runs on a power-of-two number of ranks"),
+    ({"expert_dtype": "fp8"}, {},
+     r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are FP8"),
+])
 def test_validation_before_reading(tmp_path, overrides, opts, match):
     src = make_checkpoint(tmp_path / "src", "tiny", layers=1, mtp=0, hash_layers=0, **overrides)
     with pytest.raises(ValidationError, match=match):

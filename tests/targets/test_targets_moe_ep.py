@@ -57,33 +57,18 @@ def test_targets_table_says_what_runs_here():
         assert rows["sm100_fp8_fp4_bf16_deepgemm"]["why"] == "needs the 'deep_gemm' package (not installed)"
 
 
-@pytest.mark.parametrize(
-    "target, opts, match",
-    [
-        (
-            "sm100_nvfp4_nvfp4_bf16_cutedsl",
-            {"device": "cpu"},
-            r"--device cpu: --target sm100_nvfp4_nvfp4_bf16_cutedsl preprocesses on a CUDA device only",
-        ),
-        ("sm90_fp8_mxfp4_bf16_pull_cutedsl", {"device": "cpu"}, r"--device cpu: .* preprocesses on a CUDA device only"),
-        (
-            "flashinfer_moe_ep_mega_cutedsl",
-            {"device": "cpu", "arch": "9.0"},
-            r"--arch 9\.0: --target sm100_nvfp4_nvfp4_bf16_cutedsl runs on compute capability 10\.0 or 10\.3",
-        ),
-        (
-            "sm90_fp8_fp8_bf16_pull_cutedsl",
-            {"params": {"fp8_scale_mode": "rowwise"}},
-            r"--param fp8_scale_mode=rowwise: expected one of per_tensor, blockwise",
-        ),
-        (
-            "sm107_mxfp8_mxfp4_bf16_cutedsl",
-            {"params": {"x": "1"}},
-            r"--param x=1: sm107_mxfp8_mxfp4_bf16_cutedsl takes no parameters",
-        ),
-        ("sm107_mxfp8_mxfp4_bf16_cutedsl", {"ep_size": 3}, r"--ep-size 3: must divide the 8 routed experts"),
-    ],
-)
+@pytest.mark.parametrize("target, opts, match", [
+    ("sm100_nvfp4_nvfp4_bf16_cutedsl", {"device": "cpu"},
+     r"--device cpu: --target sm100_nvfp4_nvfp4_bf16_cutedsl preprocesses on a CUDA device only"),
+    ("sm90_fp8_mxfp4_bf16_pull_cutedsl", {"device": "cpu"}, r"--device cpu: .* preprocesses on a CUDA device only"),
+    ("flashinfer_moe_ep_mega_cutedsl", {"device": "cpu", "arch": "9.0"},
+     r"--arch 9\.0: --target sm100_nvfp4_nvfp4_bf16_cutedsl runs on compute capability 10\.0 or 10\.3"),
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", {"params": {"fp8_scale_mode": "rowwise"}},
+     r"--param fp8_scale_mode=rowwise: expected one of per_tensor, blockwise"),
+    ("sm107_mxfp8_mxfp4_bf16_cutedsl", {"params": {"x": "1"}},
+     r"--param x=1: sm107_mxfp8_mxfp4_bf16_cutedsl takes no parameters"),
+    ("sm107_mxfp8_mxfp4_bf16_cutedsl", {"ep_size": 3}, r"--ep-size 3: must divide the 8 routed experts"),
+])
 def test_validation_names_the_flag(tiny_ckpt, tmp_path, target, opts, match):
     with pytest.raises(ValidationError, match=match):
         convert(str(tiny_ckpt), str(tmp_path / "out"), target, **opts)
