@@ -147,8 +147,8 @@ def _ranges(v):
     ({"size": True}, _field("size", NONNEG), r"size is True; expected an integer >= 0"),
     ({"sha256": "ABC"}, _field("sha256", nullable(HEX64)),
      r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
-    ({"status": {"x": "done"}},
-     lambda v: Fields("c.json").mapping(v, "status", "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
+    ({"status": {"x": "done"}}, lambda v: Fields("c.json").mapping(v, "status",
+     "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
      r"status\.x is 'done'; expected one of 'pending', 'written'"),
     ({"arch": ["9.0"]}, _field("arch", nullable(STR)), r"arch is a list \(1 items\); expected a string or null"),
     ({"r": [[1, "2"]]}, _ranges, r"r\[0\]\[1\] is '2'; expected an integer"),
@@ -702,13 +702,18 @@ def test_a_ctrl_c_right_after_a_temporary_is_created_leaves_none(tiny_ckpt, tmp_
 
 
 @pytest.mark.parametrize("change, match", [
-    (_weight_map_as_list, r"index\.json: weight_map is a list \(\d+ items\); expected an object"),
-    (lambda i: i["weight_map"].update({"embed.weight": 3}), r"weight_map\['embed\.weight'\] is 3; expected a string"),
-    (lambda i: i.pop("weight_map"), r"weight_map is missing; expected an object"),
-    (lambda i: i.update(metadata=[1]), r"metadata is a list \(1 items\); expected an object or null"),
-    (lambda i: i["weight_map"].update({"embed.weight": "x" * 300}),  # found by fuzz_json: OSError ENAMETOOLONG
-     r"index\.json: shard name 'x{300}' is not a plain relative path inside the checkpoint; refusing it"),
-], ids=["weight-map-list", "shard-name-int", "no-weight-map", "metadata-list", "name-too-long"])
+    ({"n_routed_experts": 10**7}, r"n_routed_experts is 10000000; expected a positive integer of at most 65536"),
+    ({"n_routed_experts": 60000}, r"n_routed_experts is 60000, but the index holds 8 routed experts \(experts\.0 to "
+                                  r"experts\.7\); the checkpoint is incomplete or config\.json declares more"),
+    ({"num_hidden_layers": 10**9}, r"num_hidden_layers is 1000000000; expected a positive integer of at most 4096"),
+    ({"num_hidden_layers": 4000},
+     r"num_hidden_layers is 4000, but the index holds 3 layers \(layers\.0 to layers\.2\)"),
+    ({"num_nextn_predict_layers": 64}, r"num_nextn_predict_layers is 64, but the index holds 1 MTP blocks"),
+    ({"first_k_dense_replace": 10**8}, r"first_k_dense_replace is 100000000; expected a non-negative integer of at "
+                                       r"most 4096"),
+    ({"hidden_size": 2**40}, r"hidden_size is 1099511627776; expected a positive integer of at most 1048576"),
+    ({"quantization_config": {"weight_block_size": [1, 2**40]}}, r"weight_block_size is \[1, 1099511627776\]"),
+], ids=["experts-1e7", "experts-6e4", "layers-1e9", "layers-4000", "mtp-64", "dense-1e8", "hidden-2^40", "block"])
 def test_declared_counts_are_checked_against_the_index_at_once(tiny_copy, tmp_path, change, match):
     edit_json(tiny_copy / "config.json", lambda c: c.update(change))
     t0 = time.monotonic()
