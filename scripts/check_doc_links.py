@@ -2,7 +2,8 @@
 """python3 scripts/check_doc_links.py [REPO]: check every relative link and image in README.md, docs/*.md and
 benchmarks/results/README.md: the file exists in the repo (tracked or about to be), and a #fragment names a heading
 of the target file. Links outside the repository are reported too."""
-import re, sys
+import re
+import sys
 from pathlib import Path
 
 repo = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]).resolve()

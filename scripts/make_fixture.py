@@ -15,6 +15,6 @@ p.add_argument("--layers", type=int, default=None, help="override the preset's n
 p.add_argument("--experts", type=int, default=None)
 p.add_argument("--index-head-dim", type=int, default=None, help="indexer head size (engines' kernels take 128 only)")
 args = p.parse_args()
-overrides = {k: v for k, v in {"seed": args.seed, "layers": args.layers, "experts": args.experts,
-                                     "index_head_dim": args.index_head_dim}.items() if v is not None}
+given = {"seed": args.seed, "layers": args.layers, "experts": args.experts, "index_head_dim": args.index_head_dim}
+overrides = {k: v for k, v in given.items() if v is not None}
 print(make_checkpoint(args.out, args.preset, sparse=args.sparse, **overrides))

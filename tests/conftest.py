@@ -7,8 +7,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fimoe_convert.testing import make_checkpoint, seed_hub_cache  # noqa: E402
 from reference import HUB_COMMIT, HUB_REPO  # noqa: E402
+
+from fimoe_convert.testing import make_checkpoint, seed_hub_cache  # noqa: E402
 
 
 @pytest.fixture(scope="session")

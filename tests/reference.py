@@ -20,7 +20,9 @@ def seed_dequant(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     vals = torch.stack([lut[b & 0xF], lut[b >> 4]], dim=-1).flatten(-2)  # element 2i = low nibble
     s = (scales.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
     k = vals.shape[-1]
-    return (vals.reshape(*vals.shape[:-1], k // 32, 32) * s.unsqueeze(-1)).reshape(*vals.shape[:-1], k).to(torch.bfloat16)
+    return (
+        (vals.reshape(*vals.shape[:-1], k // 32, 32) * s.unsqueeze(-1)).reshape(*vals.shape[:-1], k).to(torch.bfloat16)
+    )
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -34,6 +36,6 @@ def load_all(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for shard in sorted(set(index.values())):
         with safe_open(str(folder / shard), "pt") as f:
-            for k in f.keys():
+            for k in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 out[k] = f.get_tensor(k)
     return out

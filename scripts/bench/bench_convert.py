@@ -112,8 +112,11 @@ def main() -> None:
     floor, read_s, write_s = (floor_seconds(src, out_bytes, work / "floor") if args.floors == "both"
                               else (dfloor, dread_s, dwrite_s))
     experts = args.experts or "the preset's"
-    print(f"fixture: {args.preset}, {experts} experts, {args.layers} layers + {args.mtp} MTP; read {in_bytes / 1e9:.2f} GB, "
-          f"write {out_bytes / 1e9:.2f} GB in {res['shards']} shards; target {args.target} on {args.device}")
+    print(
+        f"fixture: {args.preset}, {experts} experts, {args.layers} layers + {args.mtp} MTP; "
+        f"read {in_bytes / 1e9:.2f} GB, "
+        f"write {out_bytes / 1e9:.2f} GB in {res['shards']} shards; target {args.target} on {args.device}"
+    )
     print(f"floor: {floor:.2f} s (read {read_s:.2f} s, write+fsync {write_s:.2f} s)")
     print(f"floor with O_DIRECT writes: {dfloor:.2f} s (read {dread_s:.2f} s, write+fsync {dwrite_s:.2f} s)")
     start = startup_seconds()

@@ -81,7 +81,9 @@ def timed(fns: dict, device: str, repeat: int, warmup: int = 1) -> dict:
 
 def make_inputs(n: int, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(seed)
-    packed = torch.randint(-128, 128, (n, OUT, HIDDEN // 2), dtype=torch.int8, generator=g, device=device)  # as stored: I8
+    packed = torch.randint(
+        -128, 128, (n, OUT, HIDDEN // 2), dtype=torch.int8, generator=g, device=device
+    )  # as stored: I8
     scales = torch.randint(110, 136, (n, OUT, HIDDEN // 32), dtype=torch.uint8, generator=g, device=device)  # real-ish
     scales[0, 0, :4] = torch.tensor([0, 1, 253, 254], dtype=torch.uint8, device=device)  # and the edges
     return packed, scales.view(torch.float8_e8m0fnu)
@@ -156,7 +158,7 @@ def sweep_kernels(tag: str, packed: torch.Tensor, scales: torch.Tensor, out: tor
     best: dict = {}
     for cfg in sweep_configs():
         label = sweep_label(cfg)
-        fn = lambda: dequant_fp4_to_bf16_cuda(packed, scales, out=out, **cfg)  # noqa: E731
+        fn = lambda: dequant_fp4_to_bf16_cuda(packed, scales, out=out, **cfg)  # noqa: B023, E731
         try:
             out.zero_()
             fn()  # compiles; a failure here is a config problem, not a timing one
@@ -195,7 +197,10 @@ def main() -> None:
     if args.device == "cuda":
         from fimoe_convert.numerics import fp4_triton
 
-        print(f"path: {'triton kernel' if fp4_triton.triton_available() else 'torch table gather (triton not importable)'}")
+        print(
+            "path: "
+            f"{'triton kernel' if fp4_triton.triton_available() else 'torch table gather (triton not importable)'}"
+        )
     rows = [bench(size, args.device, repeat, args.sweep and size == n) for size in sorted({1, n})]
     if args.json:
         Path(args.json).write_text(json.dumps({"device": args.device, "where": where, "torch": torch.__version__,

@@ -14,8 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from fimoe_convert.files.hashing import hash_files
-from fimoe_convert.files.hashing import sha256_file
+from fimoe_convert.files.hashing import hash_files, sha256_file
 from fimoe_convert.sizes import parse_size
 
 BLOCK = 16 * 2**20  # bytes per read

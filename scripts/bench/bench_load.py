@@ -2,7 +2,8 @@
 server takes today (read the FP4 experts, the seed's per-expert dequant loop, then FlashInfer's
 preprocess), measured in the same run on the same layer. Prints `ratio today/shim: X.Xx` (goal >= 10x).
 
-usage: python3 scripts/bench/bench_load.py [--target sm100_mxfp8_mxfp8_bf16_cutedsl | megamoe_sm90_mxfp4] [--device cpu|cuda]
+usage: python3 scripts/bench/bench_load.py [--target sm100_mxfp8_mxfp8_bf16_cutedsl | megamoe_sm90_mxfp4]
+       [--device cpu|cuda]
        [--experts 8]
        [--warmup 1]
 """
@@ -57,8 +58,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/fimoe-loadbench")
     args = ap.parse_args()
     from fimoe_convert import convert
-    from fimoe_convert.runtime import load_transformed_weights
     from fimoe_convert.files.source import open_source
+    from fimoe_convert.runtime import load_transformed_weights
     from fimoe_convert.targets import TargetOptions, get_kernel, make_target
     from fimoe_convert.testing import make_checkpoint
 

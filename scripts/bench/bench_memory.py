@@ -47,12 +47,18 @@ def main() -> None:
             rows.append({"layers": layers, "max_memory": mem, "median_peak_rss": peaks[(layers, mem)],
                          "runs": [{"peak_rss": r, "wall_s": w} for r, w in runs]})
             max_seen = max([max_seen, *(r for r, _ in runs)])
-            print(f"{layers} layers, --max-memory {mem}: peak RSS {peaks[(layers, mem)] / 2**30:.2f} GiB (median; runs: "
-                  + ", ".join(f"{r / 2**30:.2f} GiB in {w:.1f} s" for r, w in runs) + ")")
+            print(
+                f"{layers} layers, --max-memory {mem}: peak RSS {peaks[(layers, mem)] / 2**30:.2f} GiB (median; runs: "
+                + ", ".join(f"{r / 2**30:.2f} GiB in {w:.1f} s" for r, w in runs)
+                + ")"
+            )
         shutil.rmtree(src)
     print(f"ratio peak RSS 8 layers / 2 layers (8GiB): {peaks[(8, '8GiB')] / peaks[(2, '8GiB')]:.2f}x (goal <= 1.1x)")
     print(f"ratio peak RSS 8 layers / 2 layers (2GiB): {peaks[(8, '2GiB')] / peaks[(2, '2GiB')]:.2f}x (goal <= 1.1x)")
-    print(f"peak RSS with --max-memory 2GiB: {max(peaks[(8, '2GiB')], peaks[(2, '2GiB')]) / 2**30:.2f} GiB (goal <= 3 GiB)")
+    print(
+        "peak RSS with --max-memory 2GiB: "
+        f"{max(peaks[(8, '2GiB')], peaks[(2, '2GiB')]) / 2**30:.2f} GiB (goal <= 3 GiB)"
+    )
     print(f"highest single peak, any run: {max_seen / 2**30:.2f} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps({

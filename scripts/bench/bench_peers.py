@@ -72,7 +72,9 @@ class Command:
 
 def ours(name: str, tree: Path, target: str, output: str) -> Command:
     env = {**os.environ, "PYTHONPATH": str(tree)}  # PYTHONPATH wins over an editable install elsewhere
-    return Command(name, output, [sys.executable, "-m", "fimoe_convert", "{src}", "{out}", "--target", target, "-q"], env)
+    return Command(
+        name, output, [sys.executable, "-m", "fimoe_convert", "{src}", "{out}", "--target", target, "-q"], env
+    )
 
 
 def parse_peer(spec: str, output: str) -> Command:

@@ -218,7 +218,7 @@ def main() -> None:
     first = {}  # the alternative: convert the downloaded copy (--offline), after the download
     for target in args.targets.split(","):
         out, res = work / f"offline-{target}", {}
-        secs, _ = timed(lambda: res.update(stream(hub, cache, out, target, args.max_memory, "--offline")), out)
+        secs, _ = timed(lambda: res.update(stream(hub, cache, out, target, args.max_memory, "--offline")), out)  # noqa: B023 - called within this iteration
         first[target] = {"seconds": round(secs, 2), "convert_seconds": round(res["seconds"], 2)}
         print(f"download first, then --offline {target}: convert {secs:.2f} s (convert() {res['seconds']:.2f} s); "
               f"with the download {seconds + secs:.2f} s, peak disk {human(peak + du(out))}")
@@ -228,7 +228,7 @@ def main() -> None:
     for target in args.targets.split(","):
         cache, out = work / f"cache-{target}", work / f"out-{target}"
         res: dict = {}
-        secs, peak = timed(lambda: res.update(stream(hub, cache, out, target, args.max_memory)), cache, out)
+        secs, peak = timed(lambda: res.update(stream(hub, cache, out, target, args.max_memory)), cache, out)  # noqa: B023 - called within this iteration
         out_bytes = du(out)
         left = sorted(p.name for p in cache.rglob("*.safetensors"))
         row = {"target": target, "seconds": round(secs, 2), "ratio": round(secs / seconds, 3), "peak_disk": peak,

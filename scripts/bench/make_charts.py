@@ -5,11 +5,14 @@
     python3 scripts/bench/make_charts.py [--results benchmarks/results] [--out docs/img] [--no-docs]
 
 Reads (every file is optional; a chart whose data is missing is skipped, with a line saying so):
-    benchmarks/results/2026-11-29-{convert,load,memory,decode}.jsonl   transcribed from the 2026-11-29 logs (H200 and CPU)
+    benchmarks/results/2026-11-29-{convert,load,memory,decode}.jsonl
+        transcribed from the 2026-11-29 logs (H200 and CPU)
     benchmarks/results/cpu/2026-12-01-convert.jsonl                    scripts/bench/bench_convert.py --json
-    benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json     bench_memory.py / bench_decode.py / bench_startup.py --json
+    benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json
+        bench_memory.py / bench_decode.py / bench_startup.py --json
     benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
-    benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl                  bench_convert.py --json on the H200 at V4 geometry
+    benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl
+        bench_convert.py --json on the H200 at V4 geometry
     docs/img/terminal-convert.txt                            a tmux capture-pane of a conversion in progress
 Writes docs/img/*.png, and (unless --no-docs) the table between the `h200-v4-geometry` markers in
 docs/PERFORMANCE.md, from the V4-geometry files ("not yet measured" when there are none).
@@ -95,7 +98,9 @@ def chart_load(ev: Path, out: Path, made: list[str]) -> None:
     today = [statistics.median(r["today_s"] for r in groups[k]) for k in keys]
     shim = [statistics.median(r["shim_s"] for r in groups[k]) for k in keys]
     w = 0.38
-    ax.bar([i - w / 2 for i in x], today, w, color=PEER, label="today: read FP4 + dequant/repack + FlashInfer preprocess")
+    ax.bar(
+        [i - w / 2 for i in x], today, w, color=PEER, label="today: read FP4 + dequant/repack + FlashInfer preprocess"
+    )
     ax.bar([i + w / 2 for i in x], shim, w, color=OURS, label="converted once: the runtime shim reads the output")
     for i, k in enumerate(keys):
         ratios = sorted(r["ratio"] for r in groups[k])
@@ -127,7 +132,9 @@ def chart_convert(ev: Path, out: Path, made: list[str]) -> None:
     latest: dict[tuple, dict] = {}
     for r in old + new:  # the latest run of each configuration (files and calls are in time order)
         latest[(machine_label(r), r["target"], r["layers"], r.get("shard_size", "5GB"), r.get("date"))] = r
-    rows = sorted(latest.values(), key=lambda r: (machine_label(r) != "H200", r["target"], r["out_bytes"], r.get("date")))
+    rows = sorted(
+        latest.values(), key=lambda r: (machine_label(r) != "H200", r["target"], r["out_bytes"], r.get("date"))
+    )
     fig, ax = plt.subplots(figsize=(11, 0.95 * len(rows) + 1.8))
     h = 0.2
     series = [("floor: read SRC once + write the output (buffered)", "floor_s", FLOOR2),
@@ -144,8 +151,10 @@ def chart_convert(ev: Path, out: Path, made: list[str]) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds (one run each; the latest run of every configuration)")
     ax.set_xlim(right=max(max(r["wall_s"], r["floor_s"]) for r in rows) * 1.55)
-    ax.set_title("Conversion time against the disk floor (flash-geometry fixtures: H=4096, I=2048, 16 experts a layer)\n"
-                 "H200 host 2026-11-29; a 2-core CPU 2026-11-29 (load ~0) and 2026-12-01 (load ~5)")
+    ax.set_title(
+        "Conversion time against the disk floor (flash-geometry fixtures: H=4096, I=2048, 16 experts a layer)\n"
+        "H200 host 2026-11-29; a 2-core CPU 2026-11-29 (load ~0) and 2026-12-01 (load ~5)"
+    )
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.06 * 12 / len(rows)), ncol=2, fontsize=9)
     save(fig, out, "convert-floor.png", made)
 
@@ -154,7 +163,9 @@ def chart_memory(ev: Path, out: Path, made: list[str]) -> None:
     lines = []
     for r in jsonl(ev / "2026-11-29-memory.jsonl"):
         if r.get("median"):  # the runs that took medians of 3 (the older script printed single runs)
-            lines.append((f"{machine_label(r)} 2026-11-29" + (f" (call {r['call']})" if r.get("call") else ""), r["rows"]))
+            lines.append(
+                (f"{machine_label(r)} 2026-11-29" + (f" (call {r['call']})" if r.get("call") else ""), r["rows"])
+            )
     new = jsonf(ev / "cpu" / "2026-12-01-memory.json")
     if new:
         lines.append((f"CPU 2026-12-01 (load {new['loadavg'][0]:.1f})", new["rows"]))
@@ -193,8 +204,11 @@ def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
         if "proof" in gpu:
             before = next(x for x in gpu["proof"]["rows"] if x["matrices"] == 256)
             bars.append(("earlier kernel\n(H200_PROOF.md,\nsame day)", before["ours_out_gbps"], FLOOR2))
-        bars += [("ours, fresh\noutput", big["ours_gbps"], "#9ecae1"), ("ours, into a\nreused output", big["ours_out_gbps"], OURS),
-                 ("device copy\n(same bytes)", big["copy_gbps"], FLOOR)]
+        bars += [
+            ("ours, fresh\noutput", big["ours_gbps"], "#9ecae1"),
+            ("ours, into a\nreused output", big["ours_out_gbps"], OURS),
+            ("device copy\n(same bytes)", big["copy_gbps"], FLOOR),
+        ]
         a1.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
         for i, (_, v, _) in enumerate(bars):
             a1.annotate(f"{v:,.0f}\n({100 * v / big['copy_gbps']:.0f}% of copy)", (i, v + 60), ha="center", fontsize=9)
@@ -204,10 +218,17 @@ def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
         a1.set_title("H200: 256 expert matrices 2048x4096\n(call 6, 2026-11-29; bit-exact vs the seed)")
     cpu = [("2026-11-29\n(load ~0)", next(x for x in cpu_old[-1]["rows"] if x["matrices"] == 8))] if cpu_old else []
     if cpu_new:
-        cpu.append((f"2026-12-01\n(load {cpu_new['loadavg'][0]:.1f})", next(x for x in cpu_new["rows"] if x["matrices"] == 8)))
+        cpu.append(
+            (f"2026-12-01\n(load {cpu_new['loadavg'][0]:.1f})", next(x for x in cpu_new["rows"] if x["matrices"] == 8))
+        )
     w = 0.26
-    for j, (label, key, color) in enumerate((("seed formula", "seed_gbps", PEER), ("ours, fresh output", "ours_gbps", "#9ecae1"),
-                                             ("ours, into a reused output", "ours_out_gbps", OURS))):
+    for j, (label, key, color) in enumerate(
+        (
+            ("seed formula", "seed_gbps", PEER),
+            ("ours, fresh output", "ours_gbps", "#9ecae1"),
+            ("ours, into a reused output", "ours_out_gbps", OURS),
+        )
+    ):
         xs = [i + (j - 1) * w for i in range(len(cpu))]
         vals = [row[key] for _, row in cpu]
         a2.bar(xs, vals, w, color=color, label=label)
@@ -279,7 +300,9 @@ def _fixture19(r: dict) -> str:
 
 def chart_v4_geometry(rows: list[dict], out: Path, made: list[str]) -> None:
     if not rows:
-        return skip("h200-v4-geometry.png", "no benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl (not yet measured)")
+        return skip(
+            "h200-v4-geometry.png", "no benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl (not yet measured)"
+        )
     fig, ax = plt.subplots(figsize=(12, 0.85 * len(rows) + 2.2))
     labels = [f"{r['target']}, {_fixture19(r)}\n{r['out_bytes'] / 1e9:.1f} GB out, "
               f"{r['out_bytes'] / r['wall_s'] / 1e9:.2f} GB/s written" for r in rows]
@@ -303,7 +326,9 @@ def chart_v4_geometry(rows: list[dict], out: Path, made: list[str]) -> None:
 # Diagrams ---------------------------------------------------------------------------------------------------------
 
 def _box(ax, x, y, w, h, text, color, fontsize=10.5, weight="normal"):
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08", fc=color, ec="#333333", lw=1.2))
+    ax.add_patch(
+        FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08", fc=color, ec="#333333", lw=1.2)
+    )
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, weight=weight, wrap=True)
 
 
@@ -324,8 +349,16 @@ def diagram_pipeline(out: Path, made: list[str]) -> None:
         tag = f"lane {k + 1}" if k < 2 else "lane N (--writers N)"
         ax.text(2.65, y + 1.0, tag, fontsize=9.5, weight="bold", color="#555555")
         _box(ax, 2.6, y, 2.1, 0.9, "reader thread:\nsource tensors\n-> host memory", "#deebf7", fontsize=9)
-        _box(ax, 5.3, y, 2.7, 0.9, "converter thread: one unit\nat a time (CPU, or GPU:\nTriton / FlashInfer)", "#c6dbef",
-             fontsize=9)
+        _box(
+            ax,
+            5.3,
+            y,
+            2.7,
+            0.9,
+            "converter thread: one unit\nat a time (CPU, or GPU:\nTriton / FlashInfer)",
+            "#c6dbef",
+            fontsize=9,
+        )
         _box(ax, 8.6, y, 2.5, 0.9, "writer: 16 MiB blocks,\nO_DIRECT where possible;\nsha256 on its own thread",
              "#9ecae1", fontsize=9)
         _arrow(ax, 2.0, 3.35, 2.6, y + 0.45)
@@ -335,8 +368,16 @@ def diagram_pipeline(out: Path, made: list[str]) -> None:
     ax.text(6.65, 2.25, "...", fontsize=18, ha="center", va="center")
     _box(ax, 11.7, 2.3, 2.6, 3.8, "OUT\n\nmodel-00001-of-000NN\n.safetensors: written\nunder a temporary name,\n"
          "fsync, rename\n...\n\nindex, config.json,\nREADME.md (model card)", "#f2f2f2", fontsize=9)
-    _box(ax, 11.7, 0.35, 2.6, 1.4, "fimoe-manifest.json:\nper-shard status and\nsha256; complete: true\nonly at the end",
-         "#fff2cc", fontsize=9)
+    _box(
+        ax,
+        11.7,
+        0.35,
+        2.6,
+        1.4,
+        "fimoe-manifest.json:\nper-shard status and\nsha256; complete: true\nonly at the end",
+        "#fff2cc",
+        fontsize=9,
+    )
     _arrow(ax, 13.0, 2.3, 13.0, 1.75)
     ax.add_patch(FancyBboxPatch((2.6, 0.2), 8.5, 0.45, boxstyle="round,pad=0.02", fc="#fde0dd", ec="#c0392b", lw=1))
     ax.text(6.85, 0.42, "one byte budget, from --max-memory, covers everything between reading and writing",
@@ -368,7 +409,9 @@ def diagram_ep(out: Path, made: list[str]) -> None:
     for r in range(N):
         x = r * step + 0.05
         for s in range(2):
-            _box(ax, x, 2.0 - s * 0.72, step - 0.2, 0.58, f"rank {r} shard {s + 1}", cmap(r)[:3] + (0.35,), fontsize=8.5)
+            _box(
+                ax, x, 2.0 - s * 0.72, step - 0.2, 0.58, f"rank {r} shard {s + 1}", cmap(r)[:3] + (0.35,), fontsize=8.5
+            )
         ax.text(x + (step - 0.2) / 2, 0.75, "...", ha="center", fontsize=12)
         ax.annotate("", (x + (step - 0.2) / 2, -0.05), (x + (step - 0.2) / 2, 0.55),
                     arrowprops=dict(arrowstyle="-|>", color="#333333"))
@@ -408,14 +451,17 @@ def render_terminal(txt: Path, png: Path, title: str, made: list[str]) -> None:
     print(f"wrote {png}")
 
 
-# The V4-geometry table in docs/PERFORMANCE.md --------------------------------------------------------------------------
+# The V4-geometry table in docs/PERFORMANCE.md -------------------------------------------------------------------
+
 
 def v4_geometry_table(rows: list[dict]) -> str:
     if not rows:
         return ("**Not yet measured.** When `benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl` exists, "
                 "`python3 scripts/bench/make_charts.py` fills this table and draws `docs/img/h200-v4-geometry.png`.")
-    head = ("| target | fixture | out GB | CLI s | O_DIRECT floor s | ratio (CLI / floor) | convert() s | peak RSS GiB "
-            "| peak GPU memory GiB | whole model, estimate | file |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    head = (
+        "| target | fixture | out GB | CLI s | O_DIRECT floor s | ratio (CLI / floor) | convert() s | peak RSS GiB "
+        "| peak GPU memory GiB | whole model, estimate | file |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    )
     lines = [head]
     for r in rows:
         whole = r.get("whole_model_s")

@@ -1,5 +1,9 @@
 """Stub modules for CUDA-only extensions: importing works, calling any attribute raises and is recorded."""
-import importlib.abc, importlib.machinery, sys, types
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
 CALLED = []
 class _Stub(types.ModuleType):
     __path__ = []

@@ -36,7 +36,8 @@ def quant_methods(model) -> dict:
 
 
 def fill_sentinel(model) -> dict:
-    """NaN into floating parameters (fp8 too), 0x5A bytes into integer ones; returns each one's sentinel element bytes."""
+    """NaN into floating parameters (fp8 too), 0x5A bytes into integer ones; returns each one's sentinel element
+    bytes."""
     pats = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -92,7 +93,7 @@ class Trace:
         from safetensors import safe_open
         for shard in sorted(Path(folder).glob("*.safetensors")):
             with safe_open(str(shard), framework="pt") as f:
-                for n in f.keys():
+                for n in f.keys():  # noqa: SIM118 - safe_open is no dict
                     self.current = n
                     yield n, f.get_tensor(n)
 
@@ -110,7 +111,8 @@ def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
     mtp = [n for n in unused if n.startswith("mtp.")]
     if mtp:  # the main model's mapper drops mtp.*; the speculative (MTP) draft model loads them
         print(f"  not consumed: mtp.* x{len(mtp)} (MTP block, not part of the main model)")
-    for title, items in (("not consumed", [n for n in unused if not n.startswith("mtp.")]), ("still all-sentinel", whole), ("partly sentinel", part),
+    not_consumed = [n for n in unused if not n.startswith("mtp.")]
+    for title, items in (("not consumed", not_consumed), ("still all-sentinel", whole), ("partly sentinel", part),
                          ("dtype mismatches (loaded -> param)", tr.mismatch)):
         ks = Counter(kind(i) for i in items)
         for k, c in sorted(ks.items()):

@@ -7,9 +7,8 @@ from pathlib import Path
 
 os.environ.setdefault("SGLANG_DSV4_FP4_EXPERTS", "0")
 sys.path.insert(0, str(Path(__file__).parent))
-import torch  # noqa: E402
-
 import _load_check as lc  # noqa: E402
+import torch  # noqa: E402
 
 
 def main(out: str) -> int:

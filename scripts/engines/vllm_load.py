@@ -118,7 +118,8 @@ def build(cfg, out: str) -> int:
         except Exception as exc:  # report where the engine's own code stops
             print(f"STOP building the model: {lc.where(exc)}")
             return 1
-        print(f"built on cpu (default dtype {cfg.model_config.dtype}): {sum(1 for _ in model.named_parameters())} parameters")
+        n_params = sum(1 for _ in model.named_parameters())
+        print(f"built on cpu (default dtype {cfg.model_config.dtype}): {n_params} parameters")
         for k, v in lc.quant_methods(model).items():
             print(f"  quant method {k}: {v}")
         pats = lc.fill_sentinel(model)

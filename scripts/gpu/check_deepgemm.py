@@ -41,27 +41,34 @@ def exact(e: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " / ")
 
 
-import deep_gemm
-import flashinfer.moe_ep as me
-from flashinfer.moe_ep.core.kernel import registry
-from safetensors import safe_open
+import deep_gemm  # noqa: E402 - after the sys.path and device setup above
+import flashinfer.moe_ep as me  # noqa: E402 - after the sys.path and device setup above
+from flashinfer.moe_ep.core.kernel import registry  # noqa: E402 - after the sys.path and device setup above
+from safetensors import safe_open  # noqa: E402 - after the sys.path and device setup above
 
-import fimoe_convert
-from fimoe_convert.numerics.tree import same_object
-from fimoe_convert.runtime import load_transformed_weights
-from fimoe_convert.testing import make_checkpoint
+import fimoe_convert  # noqa: E402 - after the sys.path and device setup above
+from fimoe_convert.numerics.tree import same_object  # noqa: E402 - after the sys.path and device setup above
+from fimoe_convert.runtime import load_transformed_weights  # noqa: E402 - after the sys.path and device setup above
+from fimoe_convert.testing import make_checkpoint  # noqa: E402 - after the sys.path and device setup above
 
-gpu = f"{torch.cuda.get_device_name()} cc {'.'.join(map(str, torch.cuda.get_device_capability()))}" if DEV == "cuda" else DEV
+gpu = (
+    f"{torch.cuda.get_device_name()} cc {'.'.join(map(str, torch.cuda.get_device_capability()))}"
+    if DEV == "cuda"
+    else DEV
+)
 say(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} ({deep_gemm.__file__}); torch {torch.__version__}; {gpu}; "
     f"fimoe_convert {fimoe_convert.__file__}")
 
 make_checkpoint(SRC, "tiny", inter=256)  # I=256: every packed scale tensor has >1 column (see the report)
 cfg = json.loads((SRC / "config.json").read_text())
-H, I, E, K = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["num_experts_per_tok"]
-BLOCKS = [f"layers.{i}" for i in range(cfg["num_hidden_layers"])] + [f"mtp.{k}" for k in range(cfg["num_nextn_predict_layers"])]
+H, INTER = cfg["hidden_size"], cfg["moe_intermediate_size"]
+E, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+BLOCKS = [f"layers.{i}" for i in range(cfg["num_hidden_layers"])] + [
+    f"mtp.{k}" for k in range(cfg["num_nextn_predict_layers"])
+]
 EP = 2
 index = json.loads((SRC / "model.safetensors.index.json").read_text())["weight_map"]
-say(f"fixture {SRC}: H={H} I={I} experts={E} top_k={K} blocks={BLOCKS}")
+say(f"fixture {SRC}: H={H} I={INTER} experts={E} top_k={K} blocks={BLOCKS}")
 
 
 def tensor(name):
@@ -81,13 +88,15 @@ def fi_pack(block, lo, hi):
 
 def fi_load_path(pack, n):
     """What MoEEpMegaLayer._preprocess_weights does: the registered backend's preprocess_weights."""
-    backend = registry.create_mega_kernel(me.Sm100_Fp8_Fp4_Bf16_Deepgemm_MegaMoeConfig(intermediate_size=I, top_k=K))
+    backend = registry.create_mega_kernel(
+        me.Sm100_Fp8_Fp4_Bf16_Deepgemm_MegaMoeConfig(intermediate_size=INTER, top_k=K)
+    )
     backend.bind_ep_bootstrap(me.BootstrapConfig(world_size=1, rank=0))
     return backend.preprocess_weights(pack, me.FleetParams(num_experts=n, max_tokens_per_rank=128, token_hidden_size=H))
 
 
 def fi_public(pack):
-    return me.preprocess_mega_weights(pack, intermediate_size=I, hidden_size=H)
+    return me.preprocess_mega_weights(pack, intermediate_size=INTER, hidden_size=H)
 
 
 def describe(obj):
@@ -102,7 +111,10 @@ def cli(out, *extra, debug=False):
     # cwd: `python3 -m` puts the working directory first on sys.path, ahead of PYTHONPATH
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=WORK)
     lines = (p.stdout + p.stderr).strip().splitlines()
-    say(f"$ (cd {WORK}) {' '.join(cmd[1:])}{'  (FIMOE_DEBUG=1)' if debug else ''}  -> rc {p.returncode} in {time.perf_counter() - t:.1f} s")
+    say(
+        f"$ (cd {WORK}) {' '.join(cmd[1:])}{'  (FIMOE_DEBUG=1)' if debug else ''}  "
+        f"-> rc {p.returncode} in {time.perf_counter() - t:.1f} s"
+    )
     for ln in [x for x in lines if "converting:" not in x][-30:]:
         print("    " + ln, flush=True)
     return p.returncode
@@ -166,7 +178,7 @@ if not arch_blocked:
 # 2. arch dispatch bypassed ----------------------------------------------------------------------------
 say("== 2. ARCH DISPATCH BYPASSED (not FlashInfer's path on this GPU): transform_sf_into_required_layout -> "
     "the SM100 branch body, deep_gemm.utils.layout.get_mn_major_tma_aligned_packed_ue8m0_tensor")
-from deep_gemm.utils import layout as dg_layout
+from deep_gemm.utils import layout as dg_layout  # noqa: E402 - after the sys.path and device setup above
 
 _orig = deep_gemm.transform_sf_into_required_layout
 

@@ -40,9 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=30)
     args = ap.parse_args()
+    from fimoe_convert.checkpoint import model_spec_from_config
     from fimoe_convert.numerics import dequant_fp4_to_bf16
     from fimoe_convert.plan import OutTensor, Unit
-    from fimoe_convert.checkpoint import model_spec_from_config
     from fimoe_convert.targets import TargetOptions, make_target
 
     n = args.repeat
@@ -54,7 +54,10 @@ def main() -> None:
     host = torch.empty_like(y, device="cpu").pin_memory()
     mb = y.numel() * 2 / 1e6
     print(f"one matrix: {codes.numel() / 1e6:.1f} MB of codes in, {mb:.1f} MB of BF16 out")
-    print(f"pinned alloc {mb:.1f} MB (cache warm): {median_ms(lambda: torch.empty(y.shape, dtype=y.dtype, pin_memory=True), n, False):.3f} ms")
+    print(
+        f"pinned alloc {mb:.1f} MB (cache warm): "
+        f"{median_ms(lambda: torch.empty(y.shape, dtype=y.dtype, pin_memory=True), n, False):.3f} ms"
+    )
     print(f"H2D codes from pinned: {median_ms(lambda: dcodes.copy_(codes, non_blocking=True), n):.3f} ms")
     print(f"decode kernel: {median_ms(lambda: dequant_fp4_to_bf16(dcodes, dscales, out=y), n):.3f} ms")
     print(f"D2H BF16 into pinned: {median_ms(lambda: host.copy_(y, non_blocking=True), n):.3f} ms")

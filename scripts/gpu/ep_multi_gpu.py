@@ -24,8 +24,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ep_proof import GEOMETRY, LIMITS, make_inputs  # noqa: E402
-from moe_reference import install_flashinfer_stub, log, read_source_experts, reference_moe  # noqa: E402
-from moe_reference import reference_weights, rel_l2  # noqa: E402
+from moe_reference import install_flashinfer_stub, log, read_source_experts, reference_moe, reference_weights, rel_l2  # noqa: E402  # noqa: E402
 
 
 def convert_once(kind: str, work: Path, geo: dict, world: int, seed: int) -> Path:
@@ -47,6 +46,7 @@ def convert_once(kind: str, work: Path, geo: dict, world: int, seed: int) -> Pat
 
 def run_megamoe(out: Path, block: str, geo: dict, m: int, x: dict):
     from flashinfer.megamoe import MegaMoESymmBuffer, mxfp4_mega_moe
+
     from fimoe_convert.runtime import load_megamoe_weights
 
     buf = MegaMoESymmBuffer(dist.group.WORLD, num_experts=geo["experts"], num_max_tokens_per_rank=m,
@@ -64,6 +64,7 @@ def run_megamoe(out: Path, block: str, geo: dict, m: int, x: dict):
 
 def run_moe_ep(out: Path, block: str, geo: dict, m: int, x: dict):
     import flashinfer.moe_ep as me
+
     from fimoe_convert.runtime import mega_config
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -28,8 +28,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_reference import (fp8_activations, free_port, install_flashinfer_stub, local_routes,  # noqa: E402
-                           log, machine_info, read_source_experts, reference_moe, reference_weights, rel_l2)
+from moe_reference import (  # noqa: E402
+    fp8_activations,
+    free_port,
+    install_flashinfer_stub,
+    local_routes,
+    log,
+    machine_info,
+    read_source_experts,
+    reference_moe,
+    reference_weights,
+    rel_l2,
+)
 
 SWAP_FACTOR = 3.0  # a swapped-shard control must fail the rel_l2 limit and miss the reference 3x the true layout
 LIMITS = {"megamoe": {"rel_l2": 3e-2, "vs_ep1": 1e-2}, "moe_ep": {"rel_l2": 0.1, "vs_ep1": 1e-2}}
@@ -64,6 +74,7 @@ class MegaMoERunner:
 
     def run(self, out: Path, block: str, rank: int, n_local: int, x: dict, idx, wts) -> torch.Tensor:
         from flashinfer.megamoe import mxfp4_mega_moe
+
         from fimoe_convert.runtime import load_megamoe_weights
 
         l1, l2, g1, g2 = load_megamoe_weights(out, block, rank=rank, device="cuda")

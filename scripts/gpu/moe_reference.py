@@ -39,7 +39,7 @@ def install_flashinfer_stub(site: str) -> None:
 
 
 def machine_info() -> dict:
-    info = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    info = {"date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "python": sys.version.split()[0], "torch": torch.__version__, "torch_cuda": torch.version.cuda}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)

@@ -233,9 +233,12 @@ def main() -> int:
     wall = time.perf_counter() - T0
 
     log("")
-    log(f"== results: rel_l2 = kernel vs the FP32 reference (must be < {REL_L2_MAX} on the main runs); "
+    log(
+        f"== results: rel_l2 = kernel vs the FP32 reference (must be < {REL_L2_MAX} on the main runs); "
         f"neg_ctrl = same weights without the Marlin reorder (must be > {NEG_REL_L2_MIN}); "
-        f"vs_fp8ref = kernel vs the reference that rounds the intermediate to FP8 (must be < {REL_L2_MAX} on extra runs)")
+        "vs_fp8ref = kernel vs the reference that rounds the intermediate to FP8 "
+        f"(must be < {REL_L2_MAX} on extra runs)"
+    )
     log(f"{'block':10s} {'m':>4s} {'run':>5s} {'rel_l2':>9s} {'neg_ctrl':>9s} {'vs_fp8ref':>10s} {'result':>7s}")
     for r in rows:
         log(f"{r['block']:10s} {r['m']:4d} {r['kind']:>5s} {r['rel_l2']:9.4f} {r['neg_rel_l2']:9.4f} "

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Crash-resume check: SIGKILL the real CLI at random points, then `--resume`, compare byte for byte.
 
-    python3 scripts/reliability/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB] [--target bf16]
+    python3 scripts/reliability/crash_resume.py [--kills 20] [--seed 0] [--workdir DIR] [--shard-size 1MB]
+                                    [--target bf16]
                                     [--writers N]
     python3 scripts/reliability/crash_resume.py --enospc-tmpfs [--workdir DIR]   # a real disk-full run, prints JSON
 
@@ -78,7 +79,9 @@ def run_cli(args: list[str], in_process: bool) -> tuple[int, str]:
         from fimoe_convert.cli import main
 
         r = CliRunner().invoke(main, args)
-        return r.exit_code, r.stderr + (f"\n{r.exception!r}" if r.exception and r.exit_code not in (0, 1, 2, 130) else "")
+        return r.exit_code, r.stderr + (
+            f"\n{r.exception!r}" if r.exception and r.exit_code not in (0, 1, 2, 130) else ""
+        )
     p = subprocess.run([sys.executable, "-m", "fimoe_convert", *args], capture_output=True, text=True, env=child_env())
     return p.returncode, p.stderr
 
@@ -136,13 +139,14 @@ def _wait_for_kill_point(proc: subprocess.Popen, mode: str, rng: random.Random, 
                     return
             in_tmp = now
         elif mode == "read":
-            if MANIFEST in names and any(f.startswith(src_s) and f.endswith(".safetensors") for f in _open_files(proc.pid)):
+            if MANIFEST in names and any(
+                f.startswith(src_s) and f.endswith(".safetensors") for f in _open_files(proc.pid)
+            ):
                 reads += 1  # polls that caught a source shard open for reading
                 if reads >= k:
                     return
-        elif mode == "finalize":
-            if INDEX in names or INDEX + TMP in names or "config.json" + TMP in names:
-                return
+        elif mode == "finalize" and (INDEX in names or INDEX + TMP in names or "config.json" + TMP in names):
+            return
         time.sleep(0.0002)
     deadline = time.monotonic() + extra
     while time.monotonic() < deadline and proc.poll() is None:
@@ -242,8 +246,12 @@ def campaign(kills: int = 20, seed: int = 0, workdir: Path | None = None, shard_
         out = work / "out"
         for i, mode in enumerate(plan):
             shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size, convert_opts=convert_opts)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fimoe_convert", *cli_args(src, out, shard_size, convert_opts=convert_opts)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=child_env(),
+            )
             try:
                 _wait_for_kill_point(proc, mode, rng, src, out, ref_seconds if not in_process else 4.0, n_shards)
                 exited = proc.poll() is not None

@@ -42,7 +42,7 @@ def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, 
         shards = sorted(out.glob("model-*.safetensors"))
         rng = random.Random(seed)
         detected, missed, regions = 0, [], {"header": 0, "data": 0}
-        for i in range(flips):
+        for _ in range(flips):
             shard = rng.choice(shards)
             data = bytearray(shard.read_bytes())
             header_end = 8 + int.from_bytes(data[:8], "little")
@@ -57,7 +57,9 @@ def flip_campaign(flips: int = 100, seed: int = 0, workdir: Path | None = None, 
                 if v.exit_code == 1 and shard.name in v.stderr and "Traceback" not in v.output:
                     detected += 1
                 else:
-                    missed.append(f"{shard.name} byte {at} ^ {mask:#04x}: verify exit {v.exit_code} {v.output.strip()!r}")
+                    missed.append(
+                        f"{shard.name} byte {at} ^ {mask:#04x}: verify exit {v.exit_code} {v.output.strip()!r}"
+                    )
             finally:
                 data[at] = orig
                 shard.write_bytes(bytes(data))

@@ -236,7 +236,10 @@ def _strategies():
                     "shape": f'{{"t":{{"dtype":"U8","shape":[{big}],"data_offsets":[0,1]}}}}',
                     "offset": f'{{"t":{{"dtype":"U8","shape":[1],"data_offsets":[0,{big}]}}}}'}[where].encode()
         elif kind == "dupkeys":
-            body = b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+            body = (
+                b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+                b'"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+            )
         else:
             body = draw(st.text(max_size=40)).encode("utf-8", "surrogatepass")
         enc = draw(st.sampled_from(["utf-8", "utf-8", "utf-16", "utf-32", "latin-1"]))
@@ -338,7 +341,6 @@ def run_hypothesis(examples: int, seed: int, log=print) -> dict:
 
 def run_atheris(examples: int, seed: int) -> None:
     import atheris
-
     import torch  # noqa: F401  (heavy, imported uninstrumented)
 
     import fimoe_convert.dtypes as dt

@@ -333,19 +333,19 @@ def run_hypothesis(examples: int, seed: int, log=print) -> dict:
         for i, ((kind, how), share) in enumerate(shares.items()):
             strategy = {"structured": structured(kind), "mutated": mutated(kind), "raw": raw()}[how]
 
-            def one_of_kind(kind: str):
+            def one_of_kind(kind: str, strategy):
                 @given(strategy)
                 def one(data):
                     feed(fx, kind, data)
                 return one
 
-            one = one_of_kind(kind)
+            test_one = one_of_kind(kind, strategy)
 
             want = max(1, round(examples * share))
             before = COUNT["n"]
             rounds = 0
             while COUNT["n"] - before < want and rounds < 50:  # hypothesis stops early on small spaces: reseed
-                fn = settings(max_examples=want - (COUNT["n"] - before), **cfg)(one)
+                fn = settings(max_examples=want - (COUNT["n"] - before), **cfg)(test_one)
                 hseed(seed * 1000 + i * 100 + rounds)(fn)()
                 rounds += 1
             per_mode[f"{kind}/{how}"] = COUNT["n"] - before

@@ -48,7 +48,10 @@ def main() -> None:
     fixtures = args.work / "fixtures"
     for preset in sorted({p for p, _, _ in JOBS}):
         if not (fixtures / preset).exists():
-            code = f"from fimoe_convert.testing import make_checkpoint; make_checkpoint({str(fixtures / preset)!r}, {preset!r})"
+            code = (
+                "from fimoe_convert.testing import make_checkpoint; "
+                f"make_checkpoint({str(fixtures / preset)!r}, {preset!r})"
+            )
             subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
     for preset, target, extra in JOBS:
         out = args.work / f"{preset}-{target}-{'_'.join(extra).replace('-', '').replace('=', '')}"

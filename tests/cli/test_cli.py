@@ -30,8 +30,14 @@ def test_convert_then_verify_json(tiny_ckpt, tmp_path):
 def test_the_flags_order_does_not_change_the_output(tiny_ckpt, tmp_path):
     """The model card shows the command with its flags in one order, whatever order they were typed in."""
     a, b = tmp_path / "a", tmp_path / "b"
-    assert run(str(tiny_ckpt), str(a), "--shard-size", "3MB", "--ep-size", "2", "--target", "fp8_block", "-q").exit_code == 0
-    assert run(str(tiny_ckpt), str(b), "--target", "fp8_block", "--ep-size", "2", "--shard-size", "3MB", "-q").exit_code == 0
+    assert (
+        run(str(tiny_ckpt), str(a), "--shard-size", "3MB", "--ep-size", "2", "--target", "fp8_block", "-q").exit_code
+        == 0
+    )
+    assert (
+        run(str(tiny_ckpt), str(b), "--target", "fp8_block", "--ep-size", "2", "--shard-size", "3MB", "-q").exit_code
+        == 0
+    )
     assert "fimoe-convert SRC OUT --target fp8_block --ep-size 2 --shard-size 3MB\n" in (a / "README.md").read_text()
     assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}
 
@@ -48,7 +54,8 @@ def test_dry_run_prints_plan(tiny_ckpt, tmp_path):
     (["--target", "bf61"], 2, r"^error: --target bf61: unknown target; did you mean 'bf16'\? known: bf16"),
     (["--shard-size", "lots"], 2, r"^error: --shard-size: cannot read size 'lots'"),
     (["--ep-size", "3"], 2, r"^error: --ep-size 3: must divide the 8 routed experts"),
-    (["--target", "megamoe_sm90_mxfp4", "--arch", "10.0"], 2, r"^error: --arch 10\.0: --target megamoe_sm90_mxfp4 runs on"),
+    (["--target", "megamoe_sm90_mxfp4", "--arch", "10.0"], 2,
+     r"^error: --arch 10\.0: --target megamoe_sm90_mxfp4 runs on"),
     (["--resume", "--overwrite"], 2, r"^error: --resume and --overwrite: pass one of them, not both"),
 ])
 def test_bad_flags(tiny_ckpt, tmp_path, args, code, match):
@@ -80,7 +87,9 @@ def test_verify_names_the_bad_file(tiny_ckpt, tmp_path):
 def test_inspect_and_targets(tiny_ckpt):
     r = run("inspect", str(tiny_ckpt))
     assert r.exit_code == 0
-    assert "deepseek_v4 (v4), experts fp4, hidden 256, moe_intermediate 128, 8 experts top-2, 3 layers + 1 MTP" in r.stdout
+    assert (
+        "deepseek_v4 (v4), experts fp4, hidden 256, moe_intermediate 128, 8 experts top-2, 3 layers + 1 MTP" in r.stdout
+    )
     assert "routed expert I8: 96" in r.stdout and "bf16: fits" in r.stdout
     r = run("targets", "--json")
     rows = {row["name"]: row for row in json.loads(r.stdout)}

@@ -41,7 +41,9 @@ def test_target_names_ignore_case_and_hyphens_and_typos_get_a_suggestion(tiny_ck
     if ok:
         assert r.exit_code == 0, r.output
     else:
-        assert r.exit_code == 2 and re.search(rf"^error: --target {name}: unknown target; did you mean '", r.stderr, re.M)
+        assert r.exit_code == 2 and re.search(
+            rf"^error: --target {name}: unknown target; did you mean '", r.stderr, re.M
+        )
 
 
 @pytest.mark.parametrize("args, match", [
@@ -84,14 +86,17 @@ def test_reports_are_one_readable_line(tiny_ckpt, tmp_path):
 
 
 def test_progress_without_a_terminal_is_plain_lines_and_the_error_comes_last(tiny_ckpt, tmp_path, monkeypatch):
-    """stderr is not a terminal here: no \\r redraws, a plain line per interval; after Ctrl-C the error is the last line."""
+    """stderr is not a terminal here: no \\r redraws, a plain line per interval; after Ctrl-C the error is the last
+    line."""
     monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)
     r = run(tiny_ckpt, tmp_path / "out", "--shard-size", "1MB")
     assert r.exit_code == 0
     lines = r.stderr.splitlines()
     assert "\r" not in r.stderr and len(lines) >= 3
-    assert all(re.fullmatch(r"converting: [0-9.]+ [kMG]?B of [0-9.]+ MB \(\d+%\), [0-9.]+ [kMG]?B/s(, about \d+ s left)?", ln)
-               for ln in lines), lines
+    assert all(
+        re.fullmatch(r"converting: [0-9.]+ [kMG]?B of [0-9.]+ MB \(\d+%\), [0-9.]+ [kMG]?B/s(, about \d+ s left)?", ln)
+        for ln in lines
+    ), lines
     assert lines[-1].startswith("converting: ") and "(100%)" in lines[-1]
 
     import fimoe_convert.conversion as conv
@@ -133,9 +138,13 @@ def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tmp_path):
     other = make_checkpoint(tmp_path / "other", "tiny", seed=7)
     r = run("verify", bf16_out, "--deep", "--src", other)
     assert r.exit_code == 1
-    assert re.search(rf"^error: --src {re.escape(str(other))}: is not the checkpoint {re.escape(str(bf16_out))} was "
-                     r"converted from \(model-00001-of-\d+\.safetensors: \d+ bytes, sha256 [0-9a-f]{16}; the output was "
-                     r"converted from \d+ bytes, sha256 [0-9a-f]{16}.*\); pass the original with --src PATH$", r.stderr, re.M), r.stderr
+    assert re.search(
+        rf"^error: --src {re.escape(str(other))}: is not the checkpoint {re.escape(str(bf16_out))} was "
+        r"converted from \(model-00001-of-\d+\.safetensors: \d+ bytes, sha256 [0-9a-f]{16}; the output was "
+        r"converted from \d+ bytes, sha256 [0-9a-f]{16}.*\); pass the original with --src PATH$",
+        r.stderr,
+        re.M,
+    ), r.stderr
     assert run("verify", bf16_out, "--deep").exit_code == 0
 
 
@@ -149,8 +158,10 @@ def test_verify_deep_from_elsewhere_with_a_relative_source_names_src(tiny_ckpt, 
     r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == ("error: verify --deep: the manifest records the source as 'ckpt', a path "
-                                         "relative to where the conversion ran, which is not found from here; pass --src PATH")
+    assert r.stderr.splitlines()[-1] == (
+        "error: verify --deep: the manifest records the source as 'ckpt', a path "
+        "relative to where the conversion ran, which is not found from here; pass --src PATH"
+    )
     r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep", "--src", "work/ckpt"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and "units re-derived from the source match" in r.stdout
@@ -184,12 +195,13 @@ def test_targets_lists_engines_and_suggestions():
 
 
 @pytest.mark.parametrize("target, missing, match", [
-    ("megamoe_sm90_mxfp4", "flashinfer", r"^error: Python package 'flashinfer' \(needed by --target megamoe_sm90_mxfp4\): "
+    ("megamoe_sm90_mxfp4", "flashinfer",
+     r"^error: Python package 'flashinfer' \(needed by --target megamoe_sm90_mxfp4\): "
                                          r"not installed here; pip install 'flashinfer-python>=0\.7\.4'$"),
     ("sm90_fp8_fp8_bf16_pull_cutedsl", "flashinfer", r"^error: Python package 'flashinfer' \(needed by --target "
                                                      r"sm90_fp8_fp8_bf16_pull_cutedsl\): .*flashinfer-python>="),
     ("sm100_fp8_fp4_bf16_deepgemm", "deep_gemm", r"Python package 'deep_gemm' \(needed by --target "
-                                                 r"sm100_fp8_fp4_bf16_deepgemm\): not installed here; install a DeepGEMM build"),
+     r"sm100_fp8_fp4_bf16_deepgemm\): not installed here; install a DeepGEMM build"),
 ])
 def test_a_target_whose_package_is_missing_says_what_to_install_in_one_line(tiny_ckpt, tmp_path, monkeypatch, target,
                                                                             missing, match):
@@ -224,7 +236,8 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
     (["{src}", "{out}", "--resume"], "checking kept shards"),
 ])
 def test_every_long_step_shows_progress(tiny_ckpt, bf16_out, tmp_path, monkeypatch, args, label):
-    """The steps that hash whole folders print plain progress lines with a rate (no terminal here), then their result."""
+    """The steps that hash whole folders print plain progress lines with a rate (no terminal here), then their
+    result."""
     monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)
     out = tmp_path / "out"
     shutil.copytree(bf16_out, out)
@@ -245,7 +258,9 @@ def test_the_docs_link_only_to_files_of_this_repository(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text("[a](docs/nope.md) [b](../shared/DESIGN.md) [c](https://example.com)\n")
     r = subprocess.run([*check, str(tmp_path)], capture_output=True, text=True)
-    assert r.returncode == 1 and r.stdout.endswith("1 files, 0 relative links resolve, 2 broken, 1 external\n"), r.stdout
+    assert r.returncode == 1 and r.stdout.endswith("1 files, 0 relative links resolve, 2 broken, 1 external\n"), (
+        r.stdout
+    )
 
 
 def test_the_demo_makes_converts_verifies_and_summarizes(tmp_path):

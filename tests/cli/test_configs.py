@@ -51,7 +51,9 @@ def test_preset_opens_with_its_command_and_dry_runs_at_its_geometry(path, publis
     assert (res["target"], res["dry_run"]) == (preset["target"], True)
     assert res["bytes_read"] > 0.9 * VARIANTS[preset["model"]].source_bytes
     ranks = {row["rank"] for row in res["plan"]} - {None}
-    assert len(ranks) == (preset.get("ep_size", 1) if preset["target"] != "bf16" else 0) or preset.get("ep_size", 1) == 1
+    assert (
+        len(ranks) == (preset.get("ep_size", 1) if preset["target"] != "bf16" else 0) or preset.get("ep_size", 1) == 1
+    )
 
 
 def test_flags_given_override_the_preset(tiny_ckpt, tmp_path):
@@ -59,11 +61,15 @@ def test_flags_given_override_the_preset(tiny_ckpt, tmp_path):
     vllm = "v4_flash_fp8_block_vllm"
     r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "a"), "--config", str(vllm), "-q"])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "a" / "fimoe-manifest.json").read_text())["target"]["parameters"] == {"scale_dtype": "f32"}
+    assert json.loads((tmp_path / "a" / "fimoe-manifest.json").read_text())["target"]["parameters"] == {
+        "scale_dtype": "f32"
+    }
     r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "b"), "--config", str(vllm), "--param",
                                   "scale_dtype=e8m0", "-q"])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "b" / "fimoe-manifest.json").read_text())["target"]["parameters"] == {"scale_dtype": "e8m0"}
+    assert json.loads((tmp_path / "b" / "fimoe-manifest.json").read_text())["target"]["parameters"] == {
+        "scale_dtype": "e8m0"
+    }
     r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "c"), "--config", str(vllm), "--target", "bf16",
                                   "--dry-run", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["target"] == "bf16", r.output  # the preset's params dropped

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fimoe_convert.files.manifest import read_manifest
-from fimoe_convert.plan import assign_shards, plan_shards, OutTensor
+from fimoe_convert.plan import OutTensor, assign_shards, plan_shards
 
 
 def folder(p: Path) -> dict:
@@ -85,7 +85,9 @@ def kill_launch(proc):
 
 
 def kill_one_rank(proc):
-    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    workers = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
+    ).stdout.split()
     assert len(workers) == 2, workers
     os.kill(int(workers[-1]), signal.SIGKILL)  # torchrun then stops the other rank and fails the launch
 

@@ -232,9 +232,12 @@ def test_no_network_fails_in_one_line_within_seconds_naming_offline_and_download
     endpoint = closed_port()
     p, secs = hub_cli(endpoint, tmp_path)
     assert p.returncode == 1 and secs < 10, (secs, p.stderr)
-    assert re.fullmatch(rf"error: SRC 'nobody/no-such-repo': cannot reach the Hub at {re.escape(endpoint)} \(no network\? "
-                        r"\w+\); pass --offline to use the local cache, or run `fimoe-convert download SRC` where "
-                        r"there is network\n", p.stderr), p.stderr
+    assert re.fullmatch(
+        rf"error: SRC 'nobody/no-such-repo': cannot reach the Hub at {re.escape(endpoint)} \(no network\? "
+        r"\w+\); pass --offline to use the local cache, or run `fimoe-convert download SRC` where "
+        r"there is network\n",
+        p.stderr,
+    ), p.stderr
 
 
 def test_a_missing_src_folder_is_refused_before_torch_is_imported(tmp_path):
@@ -260,7 +263,8 @@ def test_verify_deep_checks_the_source_before_hashing_out(bf16_out_of, tmp_path)
     out = bf16_out_of("5GB")
     other = make_checkpoint(tmp_path / "other", "tiny", seed=7)
     hashed = []
-    with pytest.raises(InputError, match=rf"^--src {re.escape(str(other))}: is not the checkpoint .* was converted from"):
+    wrong_src = rf"^--src {re.escape(str(other))}: is not the checkpoint .* was converted from"
+    with pytest.raises(InputError, match=wrong_src):
         verify(str(out), deep=True, src=str(other), progress=lambda done, total: hashed.append(done))
     assert hashed == []
     assert verify(str(out), deep=True, progress=lambda done, total: hashed.append(done))["problems"] == []

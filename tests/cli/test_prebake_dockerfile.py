@@ -89,7 +89,10 @@ def problems(text: str) -> list[str]:
     if "SERVE_IMAGE" not in g:
         p.append("no global ARG SERVE_IMAGE (the engine image that serves)")
     if [(s[0], s[1]) for s in st] != [("convert", "${PYTHON_IMAGE}"), ("serve", "${SERVE_IMAGE}")]:
-        p.append(f"stages {[(s[0], s[1]) for s in st]}; expected convert from ${{PYTHON_IMAGE}}, then serve from ${{SERVE_IMAGE}}")
+        p.append(
+            f"stages {[(s[0], s[1]) for s in st]}; "
+            "expected convert from ${PYTHON_IMAGE}, then serve from ${SERVE_IMAGE}"
+        )
         return p
     (_, _, conv), (_, _, serve) = st
     deps = [d for d in pyproject_deps() if not d.startswith(("torch", "flashinfer"))]
@@ -104,20 +107,34 @@ def problems(text: str) -> list[str]:
         for n, args in runs:
             if set(run_flags(args)) - {"--mount"}:
                 p.append(f"line {n}: RUN flags {run_flags(args)}; buildah 1.28 (Debian 12) takes --mount only")
-            if "torch==" in args and not ('--index-url "${TORCH_INDEX}"' in args and '"torch==${TORCH_VERSION}"' in args):
-                p.append(f"line {n}: torch installed without --index-url \"${{TORCH_INDEX}}\" \"torch==${{TORCH_VERSION}}\"")
+            if "torch==" in args and not (
+                '--index-url "${TORCH_INDEX}"' in args and '"torch==${TORCH_VERSION}"' in args
+            ):
+                p.append(
+                    f'line {n}: torch installed without --index-url "${{TORCH_INDEX}}" "torch==${{TORCH_VERSION}}"'
+                )
         installs = " ".join(args for _, args in runs if "pip install" in args)
         listed = sorted(set(re.findall(r'"([A-Za-z0-9_.-]+>=[^"]+)"', installs)))
         if listed != sorted(deps):
-            p.append(f"{name}: pip installs {listed}; expected pyproject's dependencies less torch/flashinfer {sorted(deps)}")
+            p.append(
+                f"{name}: pip installs {listed}; expected pyproject's dependencies less torch/flashinfer {sorted(deps)}"
+            )
     if arg_defaults(conv).get("FLASHINFER") not in flashinfer:
-        p.append(f"convert: FLASHINFER defaults to {arg_defaults(conv).get('FLASHINFER')!r}; expected pyproject's {flashinfer}")
+        p.append(
+            f"convert: FLASHINFER defaults to {arg_defaults(conv).get('FLASHINFER')!r}; "
+            f"expected pyproject's {flashinfer}"
+        )
     if "${FLASHINFER}" not in " ".join(args for _, w, args in conv if w == "RUN"):
         p.append("convert: no RUN installs ${FLASHINFER}")
 
-    conversion = [(n, args) for n, w, args in conv if w == "RUN" and 'fimoe-convert "${MODEL}" /layer/models/out ' in args]
+    conversion = [
+        (n, args) for n, w, args in conv if w == "RUN" and 'fimoe-convert "${MODEL}" /layer/models/out ' in args
+    ]
     if len(conversion) != 1:
-        p.append(f"{len(conversion)} conversion steps in the convert stage; expected one RUN with fimoe-convert \"${{MODEL}}\" /layer/models/out")
+        p.append(
+            f"{len(conversion)} conversion steps in the convert stage; "
+            'expected one RUN with fimoe-convert "${MODEL}" /layer/models/out'
+        )
     else:
         n, args = conversion[0]
         needs = {"--mount=type=bind,from=hf-cache,target=/hf-cache": "the cache bind-mounted from the hf-cache context",
@@ -138,7 +155,10 @@ def problems(text: str) -> list[str]:
             p.append(f"line {n}: {w} of the hf-cache: a layer would hold the source weights")
     layers = [(n, w, args) for n, w, args in serve if w in ("RUN", "COPY", "ADD")]
     if not layers or layers[-1][1:] != ("COPY", OUT_COPY):
-        p.append(f"serve: last layer is {layers[-1][1:] if layers else None}; expected COPY {OUT_COPY} (one layer per conversion)")
+        p.append(
+            f"serve: last layer is {layers[-1][1:] if layers else None}; "
+            f"expected COPY {OUT_COPY} (one layer per conversion)"
+        )
     for n, w, args in serve:
         if w in ("COPY", "ADD") and "--from=" in args and not args.startswith(("--from=convert /src ", OUT_COPY)):
             p.append(f"line {n}: serve copies {args!r}; expected only /src and /layer/ from the convert stage")
@@ -168,12 +188,18 @@ MUTATIONS = {
     "online conversion": ("HF_HUB_CACHE=/hf-cache HF_HUB_OFFLINE=1 ", "HF_HUB_CACHE=/hf-cache "),
     "rw cache": ("target=/hf-cache ", "target=/hf-cache,rw "),
     "RUN --network": ("RUN --mount=type=bind,from=hf-cache", "RUN --network=none --mount=type=bind,from=hf-cache"),
-    "CUDA torch": ("ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n", "ARG TORCH_INDEX=https://pypi.org/simple\n"),
+    "CUDA torch": (
+        "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n",
+        "ARG TORCH_INDEX=https://pypi.org/simple\n",
+    ),
     "unlabeled torch": ("ARG TORCH_VERSION=2.13.0+cpu", "ARG TORCH_VERSION=2.13.0"),
     "start-interval": ("--start-period=2h ", "--start-period=2h --start-interval=1m "),
     "no health check": ("\nHEALTHCHECK ", "\n# HEALTHCHECK "),
     "model not last": ("COPY --from=convert /layer/ /\n", "COPY --from=convert /layer/ /\nRUN true\n"),
-    "model copied to its folder": ("COPY --from=convert /layer/ /\n", "COPY --from=convert /layer/models/out /models/out\n"),
+    "model copied to its folder": (
+        "COPY --from=convert /layer/ /\n",
+        "COPY --from=convert /layer/models/out /models/out\n",
+    ),
     "cache copied": ("WORKDIR /src\n", "WORKDIR /src\nCOPY --from=hf-cache / /hf-cache\n"),
     "no fixed mtimes": (" \\\n && find /layer -exec touch -h -d @0 {} +", ""),
     "mtimes of OUT only": ("find /layer -exec", "find /layer/models/out -exec"),

@@ -16,8 +16,7 @@ pytest.importorskip("accelerate")
 
 from fimoe_convert import convert  # noqa: E402
 from fimoe_convert.demo import run_demo  # noqa: E402
-from fimoe_convert.testing import make_checkpoint  # noqa: E402
-from fimoe_convert.testing import transformers_model as tm  # noqa: E402
+from fimoe_convert.testing import make_checkpoint, transformers_model as tm  # noqa: E402
 
 OUTPUTS = {  # id -> (target, --param values, what config.json must say)
     "bf16": ("bf16", {}, {"quantization_config": True, "expert_dtype": None}),

@@ -3,12 +3,10 @@
 import json
 
 import pytest
-
-from fimoe_convert import convert
-from fimoe_convert import verify
-from fimoe_convert.errors import InputError, ValidationError
 from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
+from fimoe_convert import convert, verify
+from fimoe_convert.errors import InputError, ValidationError
 
 
 def test_hub_repo_converts_offline_and_pins_revision(hub_cache, tiny_ckpt, tmp_path):
@@ -34,7 +32,9 @@ def test_output_matches_local_folder_conversion(hub_cache, tiny_ckpt, tmp_path):
 
 
 def test_repo_missing_from_cache(hub_cache, tmp_path):
-    with pytest.raises(InputError, match=r"SRC 'deepseek-ai/Nope' \(revision main\): not in the local Hugging Face cache"):
+    with pytest.raises(
+        InputError, match=r"SRC 'deepseek-ai/Nope' \(revision main\): not in the local Hugging Face cache"
+    ):
         convert("deepseek-ai/Nope", str(tmp_path / "out"), offline=True)
 
 
@@ -46,7 +46,9 @@ def test_incomplete_snapshot(hub_cache, tmp_path):
         convert(REPO, str(tmp_path / "out"), offline=True)
 
 
-def test_local_dir_download_hashes_are_taken_from_its_metadata_unless_the_file_changed(tiny_ckpt, tmp_path, monkeypatch):
+def test_local_dir_download_hashes_are_taken_from_its_metadata_unless_the_file_changed(
+    tiny_ckpt, tmp_path, monkeypatch
+):
     """A folder from `hf download --local-dir` records each LFS file's sha256; the manifest takes it instead of
     reading the file again, unless the file changed after the download (or the etag is not a sha256)."""
     import hashlib

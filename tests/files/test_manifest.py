@@ -10,8 +10,16 @@ import pytest
 
 from fimoe_convert import convert
 from fimoe_convert.errors import InputError
-from fimoe_convert.files.manifest import (MANIFEST_NAME, FileRecord, Manifest, SourceFile, dumps, read_manifest,
-                                          read_rank_status, write_rank_status)
+from fimoe_convert.files.manifest import (
+    MANIFEST_NAME,
+    FileRecord,
+    Manifest,
+    SourceFile,
+    dumps,
+    read_manifest,
+    read_rank_status,
+    write_rank_status,
+)
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,12 @@ from click.testing import CliRunner
 from huggingface_hub import ModelCard
 from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
+from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
-from fimoe_convert import convert
 from fimoe_convert.files.manifest import MANIFEST_NAME, Manifest
 from fimoe_convert.hub import model_card
 from fimoe_convert.kernels import get_kernel
 from fimoe_convert.targets import TargetOptions, target_record
-from fimoe_convert import verify
 
 TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
 BF16_CMD = "fimoe-convert ./DeepSeek-V4-Tiny OUT --shard-size 3MB"
@@ -136,7 +135,11 @@ def test_moe_ep_card_says_nvshmem_and_loads_with_mega_config(mm_out):
     """A moe_ep kernel target (its preprocessing needs CUDA, so the manifest is made by hand here)."""
     m = manifest(mm_out)
     m["target"] = target_record(get_kernel("sm100_nvfp4_nvfp4_bf16_cutedsl"), TargetOptions())
-    card = ModelCard(model_card(Manifest.from_json(m, "test"), command="fimoe-convert org/x OUT --target sm100_nvfp4_nvfp4_bf16_cutedsl"))
+    card = ModelCard(
+        model_card(
+            Manifest.from_json(m, "test"), command="fimoe-convert org/x OUT --target sm100_nvfp4_nvfp4_bf16_cutedsl"
+        )
+    )
     meta = card.data.to_dict()["fimoe_convert"]
     assert meta["runtime_needs"] == ["torch.distributed", "NVSHMEM"] and meta["needs_nvshmem"] is True
     assert meta["compute_capabilities"] == ["10.0", "10.3"] and {"sm100", "sm103"} <= set(card.data.tags)

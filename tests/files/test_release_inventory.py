@@ -78,7 +78,8 @@ def test_sparse_v4_flash_checkpoint_holds_the_inventory(tmp_path):
 @pytest.mark.parametrize("layer, ratio, compressor, indexer", [(0, 0, None, False), (1, 4, (4, 256), True),
                                                                (2, 128, (128, 128), False)])
 def test_tiny_has_every_layer_kind_of_the_release(layer, ratio, compressor, indexer):
-    """tiny (head_dim 128, index_head_dim 64): one sliding-window, one CSA and one HCA layer, as compress_ratios says."""
+    """tiny (head_dim 128, index_head_dim 64): one sliding-window, one CSA and one HCA layer, as compress_ratios
+    says."""
     spec = fixture_spec("tiny")
     assert spec.config_ratios() == [0, 4, 128, 0] and spec.ratio(layer) == ratio
     table = {name: (dtype, shape) for name, dtype, shape, _ in inventory(spec)}

@@ -26,9 +26,9 @@ import pytest
 import test_source as damage
 from click.testing import CliRunner
 
-from fimoe_convert.files import atomic, names, st_header, st_writer
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
+from fimoe_convert.files import atomic, names, st_header, st_writer
 from fimoe_convert.files.st_header import parse_header
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 
@@ -41,7 +41,9 @@ INTERRUPTED = "error: interrupted (SIGINT); finished shards are kept: run the sa
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_fimoe_script_{name}", ROOT / "scripts" / "reliability" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"_fimoe_script_{name}", ROOT / "scripts" / "reliability" / f"{name}.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -86,7 +88,9 @@ def assert_not_complete(out: Path) -> None:
     assert not list(out.glob("*" + names.TMP_SUFFIX)), list(out.iterdir())
 
 
-PROGRESS_LINE = re.compile(r"^[A-Za-z ]+: [\d.]+ [kMGT]?B of [\d.]+ [kMGT]?B \(\d+%\)")  # console.Progress without a tty
+PROGRESS_LINE = re.compile(
+    r"^[A-Za-z ]+: [\d.]+ [kMGT]?B of [\d.]+ [kMGT]?B \(\d+%\)"
+)  # console.Progress without a tty
 
 
 def refused(r, match: str, code: int = 1) -> str:
@@ -109,8 +113,8 @@ def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
 
 
 def test_crash_resume_three_sigkills(tmp_path):
-    """The CI version of scripts/reliability/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written, while
-    the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
+    """The CI version of scripts/reliability/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written,
+    while the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
     cr = _script("crash_resume")
     c = cr.campaign(kills=3, seed=1, workdir=tmp_path, modes=("shard", "manifest", "read"), in_process=True,
                     log=lambda *a: None)
@@ -201,8 +205,11 @@ BAD_INPUTS = [(f, m) for f, m in damage.CASES] + [
     (holey_offsets, r"model-00002-of-00004\.safetensors: tensor '.*' at data offset \d+ leaves a hole of 8 bytes"),
     (unknown_model_type, r"config\.json.*model_type is 'deepseek_v5'; expected one of deepseek_v4, deepseek_v41"),
     (config_field_missing, r"config\.json.*moe_intermediate_size is None; expected a positive integer"),
-    (config_contradicts_tensors, r"^error: 192 routed-expert tensors do not match config\.json, e\.g\. tensor "
-                                 r"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[128, 128\], expected I8 \[256, 128\]"),
+    (
+        config_contradicts_tensors,
+        r"^error: 192 routed-expert tensors do not match config\.json, e\.g\. tensor "
+        r"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[128, 128\], expected I8 \[256, 128\]",
+    ),
     (index_names_dot, r"shard name '\.' is not a plain relative path"),
     (index_names_nul, r"shard name 'a\\x00b\.safetensors' is not a plain relative path"),
     (symlink_loop, r"shard 'loop\.safetensors' cannot be resolved"),
@@ -343,7 +350,9 @@ def test_disk_full_in_one_of_three_writers(tiny_ckpt, tmp_path, monkeypatch):
     def fake_open(path, mode="r", *a, **k):
         f = real_open(path, mode, *a, **k)
         name = Path(path).name
-        return _FullDisk(f, state) if "w" in mode and name.endswith(names.TMP_SUFFIX) and name.startswith("model-") else f
+        return (
+            _FullDisk(f, state) if "w" in mode and name.endswith(names.TMP_SUFFIX) and name.startswith("model-") else f
+        )
 
     for module in (st_writer, atomic):  # shards; manifest and index
         monkeypatch.setattr(module, "open", fake_open, raising=False)
@@ -366,7 +375,9 @@ def test_disk_full_on_a_real_tmpfs(tmp_path):
     if res.get("skipped"):
         pytest.skip(f"no private tmpfs here: {res['skipped']}")
     assert res["problems"] == [], res
-    assert res["exit_code"] == 1 and res["stderr"].count("\n") == 1 and "cannot write (the disk is full)" in res["stderr"]
+    assert (
+        res["exit_code"] == 1 and res["stderr"].count("\n") == 1 and "cannot write (the disk is full)" in res["stderr"]
+    )
     assert res["resume_exit_code"] == 0 and res["verify_exit_code"] == 0
 
 
@@ -577,8 +588,11 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
     source = open_source(str(src))
     gone = sorted(p for p in files if p.endswith(".safetensors"))[0]
     (src / gone).unlink()
-    with pytest.raises(FimoeError, match=rf"{re.escape(str(src / gone))}: cannot read it to record its sha256 \(No such "
-                                         r"file or directory\); the source changed during the conversion"):
+    with pytest.raises(
+        FimoeError,
+        match=rf"{re.escape(str(src / gone))}: cannot read it to record its sha256 \(No such "
+        r"file or directory\); the source changed during the conversion",
+    ):
         hash_inputs(source, files, threads).result()
 
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers.hub_files import HubFiles
 
 from fimoe_convert.files.hub_source import FIRST_BYTES
-from helpers.hub_files import HubFiles
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
 
@@ -73,10 +73,12 @@ def test_dry_run_of_a_hub_repo_plans_as_a_local_one_without_the_weights(tiny_ckp
     got = json.loads(r.stdout)
     for key in ("plan", "shards", "bytes_read", "bytes_written"):
         assert got[key] == want[key], key
-    assert re.fullmatch(r"ETA: converting takes about \d+ s after the download of 4\.84 MB \(estimate: a sample unit, "
-                        r"layers\.\d+\.ffn\.experts\.\d+, of zeros with the checkpoint's shapes, converted .* the weights "
-                        r"are not in the local cache, so neither the download nor the read rate is measured\)",
-                        got["estimate"]), got["estimate"]
+    assert re.fullmatch(
+        r"ETA: converting takes about \d+ s after the download of 4\.84 MB \(estimate: a sample unit, "
+        r"layers\.\d+\.ffn\.experts\.\d+, of zeros with the checkpoint's shapes, converted .* the weights "
+        r"are not in the local cache, so neither the download nor the read rate is measured\)",
+        got["estimate"],
+    ), got["estimate"]
     assert not (tmp_path / "b").exists()
 
 

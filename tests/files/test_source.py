@@ -100,9 +100,10 @@ def tensor_in_two_shards(src):
     idx = _index(src)
     a, b = sorted(set(idx["weight_map"].values()))[:2]
     name = next(n for n, s in idx["weight_map"].items() if s == a)
+    import torch
+
     from fimoe_convert.files.st_header import PlannedTensor, read_header
     from fimoe_convert.files.st_writer import write_file
-    import torch
     info = read_header(src / a).tensors[name]
     hb = read_header(src / b)
     tensors = []
@@ -170,16 +171,29 @@ CASES = [
     (header_too_big, r"header length 200000000 bytes exceeds the 100000000-byte limit"),
     (header_not_json, r"model-00002-of-00004\.safetensors: header is not valid JSON"),
     (overlapping, r"at data offset \d+ overlaps the previous tensor"),
-    (bytes_vs_shape, r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': 16384 bytes in the file, but I8 \[128, 64\] needs 8192"),
+    (
+        bytes_vs_shape,
+        r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': 16384 bytes in the file, but I8 \[128, 64\] needs 8192",
+    ),
     (missing_shard, r"names shard 'model-0000\d-of-00004\.safetensors', which does not exist"),
-    (index_names_absent_tensor, r"names tensor 'layers\.0\.attn\.ghost\.weight' in shard 'model-00001-of-00004\.safetensors', which does not hold it"),
+    (
+        index_names_absent_tensor,
+        r"names tensor 'layers\.0\.attn\.ghost\.weight' in shard 'model-00001-of-00004\.safetensors', "
+        r"which does not hold it",
+    ),
     (tensor_in_two_shards, r"is in two shards"),
     (missing_expert, r"layers\.1: 1 routed-expert tensors missing, e\.g\. layers\.1\.ffn\.experts\.3\.w1\.weight"),
     (missing_scale, r"layers\.1: 1 routed-expert tensors missing, e\.g\. layers\.1\.ffn\.experts\.3\.w1\.scale"),
-    (scale_wrong_shape, r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.scale': F8_E8M0 \[64, 16\], expected F8_E8M0 \[128, 8\]"),
+    (
+        scale_wrong_shape,
+        r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.scale': F8_E8M0 \[64, 16\], expected F8_E8M0 \[128, 8\]",
+    ),
     (traversal, r"shard name '\.\./x\.safetensors' is not a plain relative path"),
     (absolute, r"shard name '/etc/passwd' is not a plain relative path"),
-    (symlink_out, r"shard 'model-00004-of-00004\.safetensors' is a link to .*outside\.safetensors, outside the checkpoint"),
+    (
+        symlink_out,
+        r"shard 'model-00004-of-00004\.safetensors' is a link to .*outside\.safetensors, outside the checkpoint",
+    ),
 ]
 
 
@@ -195,7 +209,8 @@ def test_bad_checkpoint_is_refused_with_a_named_problem(tiny_copy, damage, match
     ({"hidden_size": None}, r"hidden_size is None; expected a positive integer"),
     ({"hidden_size": None, "n_routed_experts": "8"},
      r"2 problems:\n  - .*hidden_size is None.*\n  - .*n_routed_experts is '8'"),
-    ({"n_routed_experts": 4}, r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts"),
+    ({"n_routed_experts": 4},
+     r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts"),
     ({"num_hidden_layers": 4}, r"num_hidden_layers is 4, but the index holds 3 layers \(layers\.0 to layers\.2\); "
                                r"the checkpoint is incomplete"),
     ({"moe_intermediate_size": 256}, r"expected I8 \[256, 128\]"),

@@ -11,16 +11,15 @@ import time
 import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
+from helpers.hub_files import HubFiles
+from test_upload import arrived, expected_files, hub  # noqa: F401 - `hub`: the fake Hub that takes uploads
 
 import fimoe_convert.files.http_range as http_range
+from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
-from fimoe_convert import convert
 from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.files.stream import StreamedSource
 from fimoe_convert.testing import seed_hub_cache
-from fimoe_convert import verify
-from helpers.hub_files import HubFiles
-from test_upload import arrived, expected_files, hub  # noqa: F401 - `hub`: the fake Hub that takes uploads
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
@@ -71,8 +70,8 @@ def same_files(a, b) -> list[str]:
     return [n for n in names if (a / n).read_bytes() != (b / n).read_bytes()]
 
 
-def shard_gets(hub, name):
-    return [r for m, p, r in hub.requests if m == "GET" and p.endswith("/" + name)]
+def shard_gets(server, name):
+    return [r for m, p, r in server.requests if m == "GET" and p.endswith("/" + name)]
 
 
 @pytest.mark.parametrize("target", list(TARGETS))

@@ -145,8 +145,10 @@ def _ranges(v):
     ({"size": -1, "sha256": "0" * 64}, lambda v: FileRecord.from_json(v, "", Fields("c.json")),
      r"size is -1; expected an integer >= 0"),
     ({"size": True}, _field("size", NONNEG), r"size is True; expected an integer >= 0"),
-    ({"sha256": "ABC"}, _field("sha256", nullable(HEX64)), r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
-    ({"status": {"x": "done"}}, lambda v: Fields("c.json").mapping(v, "status", "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
+    ({"sha256": "ABC"}, _field("sha256", nullable(HEX64)),
+     r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
+    ({"status": {"x": "done"}}, lambda v: Fields("c.json").mapping(v, "status",
+     "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
      r"status\.x is 'done'; expected one of 'pending', 'written'"),
     ({"arch": ["9.0"]}, _field("arch", nullable(STR)), r"arch is a list \(1 items\); expected a string or null"),
     ({"r": [[1, "2"]]}, _ranges, r"r\[0\]\[1\] is '2'; expected an integer"),
@@ -249,7 +251,9 @@ MANIFEST_EDITS = [
 def test_a_manifest_with_fields_of_the_wrong_type_gives_one_line(bf16_copy, change, match):
     edit_json(bf16_copy / MANIFEST_NAME, change)
     for args in (("verify", bf16_copy), ("upload", bf16_copy, "me/x", "--dry-run")):
-        line = refused(cli(*args), match + r".*the manifest is damaged: convert into this folder again with --overwrite")
+        line = refused(
+            cli(*args), match + r".*the manifest is damaged: convert into this folder again with --overwrite"
+        )
         assert "verify" not in line.split(";", 1)[1]
 
 
@@ -377,7 +381,9 @@ def test_the_first_manifest_records_every_input_before_any_shard(tiny_ckpt, tmp_
         assert (rec["size"], rec["mtime_ns"], rec["inode"], rec["dev"]) == (st.st_size, st.st_mtime_ns, st.st_ino,
                                                                              st.st_dev)
     # the complete manifest keeps size and sha256 only: copies of SRC elsewhere give the same output
-    done = {rel: rec.to_json() for rel, rec in read_manifest(tmp_path / "out", require_complete=True).source.files.items()}
+    done = {
+        rel: rec.to_json() for rel, rec in read_manifest(tmp_path / "out", require_complete=True).source.files.items()
+    }
     assert all(set(rec) == {"size", "sha256"} and rec["sha256"] for rec in done.values())
 
 
@@ -385,7 +391,9 @@ def test_input_hashes_are_added_to_the_manifest_as_they_finish(tiny_ckpt, tmp_pa
     out = tmp_path / "out"
     interrupted_run(tiny_ckpt, out, at=0.5)  # waits until the manifest holds every hash: else it fails
     files = json.loads((out / MANIFEST_NAME).read_text())["source"]["files"]
-    assert {rel: rec["sha256"] for rel, rec in files.items()} == {rel: hashing.sha256_file(tiny_ckpt / rel) for rel in files}
+    assert {rel: rec["sha256"] for rel, rec in files.items()} == {
+        rel: hashing.sha256_file(tiny_ckpt / rel) for rel in files
+    }
 
 
 def _flip_same_size(path: Path, keep_mtime: bool = False) -> None:
@@ -458,9 +466,11 @@ def test_a_change_that_keeps_size_and_mtime_is_caught_by_the_final_hash(tiny_cop
     recorded = json.loads((out / MANIFEST_NAME).read_text())["source"]["files"][SHARD]["sha256"]
     _flip_same_size(tiny_copy / SHARD, keep_mtime=True)
     for _ in range(2):
-        refused(cli(tiny_copy, out, *SHARD_SIZE, "--resume", "-q"),
-                rf"--resume: .*/{SHARD}: sha256 [0-9a-f]{{16}}\.\.\. differs from the {recorded[:16]}\.\.\. recorded when "
-                r".* was started; the shards kept would mix old and new source bytes")
+        refused(
+            cli(tiny_copy, out, *SHARD_SIZE, "--resume", "-q"),
+            rf"--resume: .*/{SHARD}: sha256 [0-9a-f]{{16}}\.\.\. differs from the {recorded[:16]}\.\.\. recorded when "
+            r".* was started; the shards kept would mix old and new source bytes",
+        )
         m = json.loads((out / MANIFEST_NAME).read_text())
         assert m["complete"] is False and m["source"]["files"][SHARD]["sha256"] == recorded
 
@@ -515,10 +525,12 @@ def test_out_reaching_src_through_an_alias_is_refused(tiny_copy, tmp_path, alias
         assert digests(tiny_copy) == before
         return
     # a bind mount: same (st_dev, st_ino), unrelated path; in a private mount namespace, as root
-    code = (f"import os, subprocess, sys; m = {str(tmp_path / 'mnt')!r}; os.makedirs(m);"
-            f"subprocess.run(['mount', '--bind', {str(tiny_copy)!r}, m], check=True);"
-            f"from click.testing import CliRunner; from fimoe_convert.cli import main;"
-            f"r = CliRunner().invoke(main, [{str(tiny_copy)!r}, m + '/out', '-q']); print(r.exit_code); print(r.stderr)")
+    code = (
+        f"import os, subprocess, sys; m = {str(tmp_path / 'mnt')!r}; os.makedirs(m);"
+        f"subprocess.run(['mount', '--bind', {str(tiny_copy)!r}, m], check=True);"
+        f"from click.testing import CliRunner; from fimoe_convert.cli import main;"
+        f"r = CliRunner().invoke(main, [{str(tiny_copy)!r}, m + '/out', '-q']); print(r.exit_code); print(r.stderr)"
+    )
     p = subprocess.run(["unshare", "-m", sys.executable, "-c", code], capture_output=True, text=True, env=child_env(),
                        timeout=120)
     if p.returncode:
@@ -614,7 +626,9 @@ def test_copied_files_are_streamed(tmp_path):
     assert hashing.sha256_file(tmp_path / "copy") == hashing.sha256_file(big)
 
 
-@pytest.mark.parametrize("signum, word", [(signal.SIGTERM, "interrupted (SIGTERM)"), (signal.SIGHUP, "interrupted (SIGHUP)")])
+@pytest.mark.parametrize(
+    "signum, word", [(signal.SIGTERM, "interrupted (SIGTERM)"), (signal.SIGHUP, "interrupted (SIGHUP)")]
+)
 def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tiny_ckpt, tmp_path, signum, word):
     out = tmp_path / "out"
     code, stdout, stderr = run_and_signal(tiny_ckpt, out, signum)
@@ -650,7 +664,9 @@ def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, mon
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, *SHARD_SIZE, "-q")
     assert aborted
-    refused(r, r"^error: interrupted \(SIGINT\); finished shards are kept: run the same command with --resume$", code=130)
+    refused(
+        r, r"^error: interrupted \(SIGINT\); finished shards are kept: run the same command with --resume$", code=130
+    )
     assert not list(out.glob("*.fimoe-tmp")) and not (out / LOCK_NAME).exists()
 
 
@@ -675,7 +691,9 @@ def test_a_ctrl_c_right_after_a_temporary_is_created_leaves_none(tiny_ckpt, tmp_
             raise KeyboardInterrupt
 
         monkeypatch.setattr(shutil, "copyfileobj", copy)
-    refused(cli(tiny_ckpt, out, *SHARD_SIZE, "-q"), r"^error: interrupted \(SIGINT\); finished shards are kept", code=130)
+    refused(
+        cli(tiny_ckpt, out, *SHARD_SIZE, "-q"), r"^error: interrupted \(SIGINT\); finished shards are kept", code=130
+    )
     assert not list(out.glob("*.fimoe-tmp")), sorted(p.name for p in out.iterdir())
     assert not atomic._TEMPS
 
@@ -688,7 +706,8 @@ def test_a_ctrl_c_right_after_a_temporary_is_created_leaves_none(tiny_ckpt, tmp_
     ({"n_routed_experts": 60000}, r"n_routed_experts is 60000, but the index holds 8 routed experts \(experts\.0 to "
                                   r"experts\.7\); the checkpoint is incomplete or config\.json declares more"),
     ({"num_hidden_layers": 10**9}, r"num_hidden_layers is 1000000000; expected a positive integer of at most 4096"),
-    ({"num_hidden_layers": 4000}, r"num_hidden_layers is 4000, but the index holds 3 layers \(layers\.0 to layers\.2\)"),
+    ({"num_hidden_layers": 4000},
+     r"num_hidden_layers is 4000, but the index holds 3 layers \(layers\.0 to layers\.2\)"),
     ({"num_nextn_predict_layers": 64}, r"num_nextn_predict_layers is 64, but the index holds 1 MTP blocks"),
     ({"first_k_dense_replace": 10**8}, r"first_k_dense_replace is 100000000; expected a non-negative integer of at "
                                        r"most 4096"),
@@ -737,8 +756,11 @@ def test_a_damaged_or_old_manifest_says_what_to_do(tiny_ckpt, tmp_path, damage):
                    r"fimoe-manifest\.json: .*--resume cannot continue from it: run the command with --overwrite in "
                    r"place of --resume \(it replaces this folder's conversion\), or choose an empty OUT$")
     assert "run the same command with --resume" not in line
-    line = refused(cli(tiny_ckpt, out, *SHARD_SIZE, "-q"), r"OUT .*: is not empty; it holds an earlier conversion whose "
-                                                           r"manifest cannot be used \(.*\); pass --overwrite to replace")
+    line = refused(
+        cli(tiny_ckpt, out, *SHARD_SIZE, "-q"),
+        r"OUT .*: is not empty; it holds an earlier conversion whose "
+        r"manifest cannot be used \(.*\); pass --overwrite to replace",
+    )
     refused(cli("verify", out), r"convert into this folder again with --overwrite")
     assert digests(out) == before
     r = cli(tiny_ckpt, out, *SHARD_SIZE, "--overwrite", "-q")  # takes the folder over

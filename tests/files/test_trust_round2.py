@@ -70,32 +70,61 @@ def _set(path: list, value):
 SENTINEL = "/tmp/fimoe-trust-round2-pwned"
 STRUCTURES = {
     # name: (change of the real structure, text of the one-line refusal)
-    "os-system": (lambda s: {"dataclass": "flashinfer.jit:os.system", "fields": {"command": {"value": f"touch {SENTINEL}"}}},
-                  r"names the class 'flashinfer\.jit:os\.system', which is not one this target's kernel returns"),
-    "import-module": (lambda s: {"dataclass": "flashinfer:importlib.import_module", "fields": {"name": {"value": "os"}}},
-                      r"names the class 'flashinfer:importlib\.import_module', which is not one"),
-    "class-inside-a-tuple": (lambda s: {"tuple": [s, {"dataclass": "builtins:eval", "fields": {}}]},
-                             r"structure\[1\]: names the class 'builtins:eval'"),
-    "allowed-class-extra-field": (_set(["fields", "evil"], {"value": 1}), r"has the fields \[.*\], the structure gives"),
-    "allowed-class-missing-field": (lambda s: {**s, "fields": {k: v for k, v in s["fields"].items() if k != "w1_fp4"}},
-                                    r"TransformedCakeMegaWeights has the fields"),
-    "value-for-a-tensor-field": (_set(["fields", "w1_fp4"], {"value": 3}),
-                                 r"structure\.w1_fp4: a plain value where the kernel's object holds a tensor"),
-    "bool-for-an-int-field": (_set(["fields", "hidden_size"], {"value": True}),
-                              r"structure\.hidden_size: expected a plain int value"),
-    "tensor-for-an-int-field": (_set(["fields", "local_experts"], lambda n: {"tensor": "x", "dtype": "uint8", "shape": [1]}),
-                                r"structure\.local_experts: expected a plain int value"),
+    "os-system": (
+        lambda s: {"dataclass": "flashinfer.jit:os.system", "fields": {"command": {"value": f"touch {SENTINEL}"}}},
+        r"names the class 'flashinfer\.jit:os\.system', which is not one this target's kernel returns",
+    ),
+    "import-module": (
+        lambda s: {"dataclass": "flashinfer:importlib.import_module", "fields": {"name": {"value": "os"}}},
+        r"names the class 'flashinfer:importlib\.import_module', which is not one",
+    ),
+    "class-inside-a-tuple": (
+        lambda s: {"tuple": [s, {"dataclass": "builtins:eval", "fields": {}}]},
+        r"structure\[1\]: names the class 'builtins:eval'",
+    ),
+    "allowed-class-extra-field": (
+        _set(["fields", "evil"], {"value": 1}),
+        r"has the fields \[.*\], the structure gives",
+    ),
+    "allowed-class-missing-field": (
+        lambda s: {**s, "fields": {k: v for k, v in s["fields"].items() if k != "w1_fp4"}},
+        r"TransformedCakeMegaWeights has the fields",
+    ),
+    "value-for-a-tensor-field": (
+        _set(["fields", "w1_fp4"], {"value": 3}),
+        r"structure\.w1_fp4: a plain value where the kernel's object holds a tensor",
+    ),
+    "bool-for-an-int-field": (
+        _set(["fields", "hidden_size"], {"value": True}),
+        r"structure\.hidden_size: expected a plain int value",
+    ),
+    "tensor-for-an-int-field": (
+        _set(["fields", "local_experts"], lambda n: {"tensor": "x", "dtype": "uint8", "shape": [1]}),
+        r"structure\.local_experts: expected a plain int value",
+    ),
     "none-for-a-tensor-field": (_set(["fields", "w2_sfb"], {"none": True}), r"structure\.w2_sfb: an empty slot here"),
-    "unknown-dtype": (_set(["fields", "w1_fp4", "dtype"], "__class__"), r"structure\.w1_fp4: tensor node .* with "
-                                                                         r"dtype '__class__'"),
-    "bytes-of-another-shape": (_set(["fields", "w1_fp4", "shape"], lambda sh: [sh[0] * 2, *sh[1:]]),
-                               r"holds \d+ bytes.*needs \d+"),
-    "negative-stride": (_set(["fields", "w2_fp4"], lambda n: {**n, "stride": [-1] * len(n["shape"])}),
-                        r"structure\.w2_fp4: tensor .* has stride"),
-    "extra-key": (_set(["fields", "w2_b8"], lambda n: {**n, "code": "print(1)"}), r"structure\.w2_b8: not a node "
-                                                                                   r"fimoe-convert writes"),
-    "plain-values-only": (lambda s: {"tuple": [{"value": 1}, {"value": "x"}]},
-                          r"structure\[0\]: a plain value where the kernel's object holds a tensor"),
+    "unknown-dtype": (
+        _set(["fields", "w1_fp4", "dtype"], "__class__"),
+        r"structure\.w1_fp4: tensor node .* with "
+        r"dtype '__class__'",
+    ),
+    "bytes-of-another-shape": (
+        _set(["fields", "w1_fp4", "shape"], lambda sh: [sh[0] * 2, *sh[1:]]),
+        r"holds \d+ bytes.*needs \d+",
+    ),
+    "negative-stride": (
+        _set(["fields", "w2_fp4"], lambda n: {**n, "stride": [-1] * len(n["shape"])}),
+        r"structure\.w2_fp4: tensor .* has stride",
+    ),
+    "extra-key": (
+        _set(["fields", "w2_b8"], lambda n: {**n, "code": "print(1)"}),
+        r"structure\.w2_b8: not a node "
+        r"fimoe-convert writes",
+    ),
+    "plain-values-only": (
+        lambda s: {"tuple": [{"value": 1}, {"value": "x"}]},
+        r"structure\[0\]: a plain value where the kernel's object holds a tensor",
+    ),
     "deep-nesting": (lambda s: json.loads('{"tuple": [' * 20 + "]}" * 20), r"more than 10000 nodes or 16 levels"),
     "not-an-object": (lambda s: ["tuple"], r"not a node fimoe-convert writes \(list\)|no structure object"),
 }
@@ -388,9 +417,12 @@ def test_verify_deep_blames_a_source_rewritten_in_place(tiny_copy, tmp_path, rel
         assert verify(str(out), deep=True, src=str(tiny_copy))["problems"] == []
         return
     _rewrite_in_place(tiny_copy / rel)
-    with pytest.raises(InputError, match=rf"^--src {tiny_copy}: is not the checkpoint {out} was converted from "
-                                         rf"\({rel.replace('.', chr(92) + '.')}: \d+ bytes, sha256 [0-9a-f]{{16}}; the "
-                                         r"output was converted from \d+ bytes, sha256 [0-9a-f]{16}\); pass the original"):
+    with pytest.raises(
+        InputError,
+        match=rf"^--src {tiny_copy}: is not the checkpoint {out} was converted from "
+        rf"\({rel.replace('.', chr(92) + '.')}: \d+ bytes, sha256 [0-9a-f]{{16}}; the "
+        r"output was converted from \d+ bytes, sha256 [0-9a-f]{16}\); pass the original",
+    ):
         verify(str(out), deep=True, src=str(tiny_copy))
     refused(cli("verify", out, "--deep", "--src", tiny_copy), r"is not the checkpoint .* pass the original with --src")
 

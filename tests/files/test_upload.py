@@ -32,9 +32,9 @@ import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
 
+from fimoe_convert import upload
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
-from fimoe_convert import upload
 from fimoe_convert.files.output import MANIFEST_NAME
 
 # ---------------------------------------------------------------------------------------------- fake Hub

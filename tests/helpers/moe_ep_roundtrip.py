@@ -28,7 +28,7 @@ params = dict(a.split("=", 1) for a in argv[3:])
 src = Path(src)
 convert(str(src), out, target, ep_size=2, params=params, arch=arch)
 cfg = json.loads((src / "config.json").read_text())
-H, I = cfg["hidden_size"], cfg["moe_intermediate_size"]
+H, INTER = cfg["hidden_size"], cfg["moe_intermediate_size"]
 E = cfg["n_routed_experts"]
 index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
 
@@ -61,12 +61,13 @@ def bf16_pack(x):
 
 
 def direct(x):
-    geo = dict(intermediate_size=I, hidden_size=H)
+    geo = dict(intermediate_size=INTER, hidden_size=H)
     if target in ("sm107_mxfp8_mxfp4_bf16_cutedsl", "sm107_mxfp4_mxfp4_bf16_cutedsl"):
         return me.preprocess_sm107_mxfp4_mega_weights(fp4_pack(x, True), **geo)
     if target == "sm100_mxfp8_mxfp4_bf16_cutedsl":  # no public function: the kernel's own helper
         from flashinfer.moe_ep.kernel_src.sm100.next_cutedsl_megamoe.shim.kernel_helpers import (
-            preprocess_prequantized_block_scaled_weights)
+            preprocess_prequantized_block_scaled_weights,
+        )
         p = fp4_pack(x, True)
         return preprocess_prequantized_block_scaled_weights(p.w13, p.w2, p.w13_scale, p.w2_scale,
                                                             quant_kind="mxfp4_mxfp8", **geo)
@@ -88,7 +89,9 @@ def direct(x):
 
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-blocks = [f"layers.{i}" for i in range(cfg["num_hidden_layers"])] + [f"mtp.{k}" for k in range(cfg["num_nextn_predict_layers"])]
+blocks = [f"layers.{i}" for i in range(cfg["num_hidden_layers"])] + [
+    f"mtp.{k}" for k in range(cfg["num_nextn_predict_layers"])
+]
 n = 0
 for block in blocks:
     for rank in (0, 1):

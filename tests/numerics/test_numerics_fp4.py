@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from fimoe_convert.numerics import dequant_fp4_to_bf16
-from fimoe_convert.numerics import fp4 as fp4_mod
+from fimoe_convert.numerics import dequant_fp4_to_bf16, fp4 as fp4_mod
 
 SEED_LUT = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -42,7 +40,9 @@ def assert_bit_equal(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     g, w = bits(got).cpu(), bits(want).cpu()
     bad = (g != w).nonzero()
-    assert len(bad) == 0, f"{len(bad)} mismatches, first at {bad[0].tolist()}: got {g[tuple(bad[0])]:#06x} want {w[tuple(bad[0])]:#06x}"
+    assert len(bad) == 0, (
+        f"{len(bad)} mismatches, first at {bad[0].tolist()}: got {g[tuple(bad[0])]:#06x} want {w[tuple(bad[0])]:#06x}"
+    )
 
 
 def all_combos(scale_bytes: range = range(255), device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,8 +201,14 @@ def test_bad_out_raises(out, exc, match):
 
 
 def test_empty_inputs():
-    assert dequant_fp4_to_bf16(torch.empty(0, 16, dtype=torch.uint8), torch.empty(0, 1, dtype=torch.uint8)).shape == (0, 32)
-    assert dequant_fp4_to_bf16(torch.empty(3, 0, dtype=torch.int8), torch.empty(3, 0, dtype=torch.uint8)).shape == (3, 0)
+    assert dequant_fp4_to_bf16(torch.empty(0, 16, dtype=torch.uint8), torch.empty(0, 1, dtype=torch.uint8)).shape == (
+        0,
+        32,
+    )
+    assert dequant_fp4_to_bf16(torch.empty(3, 0, dtype=torch.int8), torch.empty(3, 0, dtype=torch.uint8)).shape == (
+        3,
+        0,
+    )
 
 
 @pytest.mark.parametrize("column_major", [False, True])

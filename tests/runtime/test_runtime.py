@@ -32,9 +32,9 @@ from fimoe_convert.runtime import (
     load_manifest,
     mega_config,
     runtime_requirements,
+    shim,
     validate_fi_moe_ep_config,
 )
-from fimoe_convert.runtime import shim
 
 pytest.importorskip("flashinfer")
 
@@ -165,7 +165,7 @@ def test_capability_defaults_to_the_cuda_device(manifests, monkeypatch):
 def test_vllm_backends_and_suggestions_come_from_the_kernel_table():
     """vLLM's two FlashInfer megakernel backends run these kernels, with these NVSHMEM needs, on 10.0 and
     10.3 only (FORMATS.md, section 2); the suggestions for a capability are kernels that run on it."""
-    assert FI_MOE_EP_BACKENDS == {
+    assert FI_MOE_EP_BACKENDS == {  # noqa: SIM300 - the value under test on the left
         "flashinfer_moe_ep_mega_deep_gemm": FiMoeEpBackendSpec("sm100_fp8_fp4_bf16_deepgemm", False),
         "flashinfer_moe_ep_mega_cutedsl": FiMoeEpBackendSpec("sm100_nvfp4_nvfp4_bf16_cutedsl", True)}
     assert shim._vllm_capabilities() == [(10, 0), (10, 3)]

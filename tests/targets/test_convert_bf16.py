@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from reference import load_all, same_bits, seed_dequant
+from safetensors import safe_open
 
-from fimoe_convert import convert
-from fimoe_convert import verify
+from fimoe_convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, UsageError, ValidationError
 from fimoe_convert.files.manifest import MANIFEST_NAME, dumps, read_manifest
 from fimoe_convert.testing import make_checkpoint
@@ -41,8 +40,12 @@ def test_experts_bit_identical_to_seed_formula(tiny_ckpt, bf16_out):
 
 def test_fixture_covers_extreme_scale_bytes_and_negative_zero(tiny_ckpt):
     src = load_all(tiny_ckpt)
-    scales = torch.cat([t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".scale") and ".experts." in n])
-    codes = torch.cat([t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".weight") and ".experts." in n])
+    scales = torch.cat(
+        [t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".scale") and ".experts." in n]
+    )
+    codes = torch.cat(
+        [t.view(torch.uint8).flatten() for n, t in src.items() if n.endswith(".weight") and ".experts." in n]
+    )
     assert {1, 254} <= set(scales.unique().tolist())
     assert bool(((codes & 0xF) == 8).any()) and bool(((codes >> 4) == 8).any())
 
@@ -66,7 +69,8 @@ def test_config_has_no_expert_dtype_skips_experts_and_small_files_copied(tiny_ck
     assert {"lm_head", "layers.0.ffn.experts", "layers.0.mlp.experts", "mtp.0.ffn.experts"} <= \
         set(cfg["quantization_config"]["ignored_layers"])
     # vLLM matches its own module names exactly; the MTP block is its layer num_hidden_layers + k
-    assert {"model.layers.0.ffn.experts", "model.layers.3.ffn.experts"} <= set(cfg["quantization_config"]["ignored_layers"])
+    vllm_names = {"model.layers.0.ffn.experts", "model.layers.3.ffn.experts"}
+    assert vllm_names <= set(cfg["quantization_config"]["ignored_layers"])
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (bf16_out / name).read_bytes() == (tiny_ckpt / name).read_bytes()
 
@@ -78,7 +82,7 @@ def test_shards_bounded_by_shard_size_and_index_sorted(bf16_out):
     assert list(index["weight_map"]) == sorted(index["weight_map"])
     for s in shards:  # every shard holds at most 3 MB of tensors unless one tensor alone is larger
         with safe_open(str(bf16_out / s), "pt") as f:
-            sizes = [f.get_tensor(k).nbytes for k in f.keys()]
+            sizes = [f.get_tensor(k).nbytes for k in f.keys()]  # noqa: SIM118 - safe_open is not a dict
         assert sum(sizes) <= 3_000_000 or len(sizes) == 1
     assert index["metadata"]["total_size"] == sum(t.nbytes for t in load_all(bf16_out).values())
 
@@ -201,7 +205,9 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     data[info.start + 3] = 255
     shard.write_bytes(bytes(data))
     out = tmp_path / "out"
-    with pytest.raises(CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w2\.scale': 1 scale bytes are 255"):
+    with pytest.raises(
+        CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w2\.scale': 1 scale bytes are 255"
+    ):
         convert(str(src), str(out), "bf16")
     assert read_manifest(out).complete is False
     assert not (out / "model.safetensors.index.json").exists()

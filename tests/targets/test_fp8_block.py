@@ -9,15 +9,13 @@ import pytest
 import torch
 from reference import SEED_LUT, load_all, same_bits
 
-from fimoe_convert import convert
-from fimoe_convert import verify
+from fimoe_convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, InputError, ValidationError
 from fimoe_convert.files.manifest import read_manifest
-from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
-from fimoe_convert.files.st_header import read_header
 from fimoe_convert.files.source import open_source
+from fimoe_convert.files.st_header import read_header
+from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from fimoe_convert.testing import make_checkpoint
-
 
 # Independent references ----------------------------------------------------------------------------
 
@@ -154,7 +152,9 @@ def test_f32_scale_layout_is_the_base_layout(tiny_ckpt, fp8_out, fp8_f32_out, tm
         assert torch.equal(f32[sname], pow2(e8m0[sname].view(torch.uint8).to(torch.int64) - 127))
     cfg = json.loads((fp8_f32_out / "config.json").read_text())
     assert cfg["expert_dtype"] == "fp8"
-    assert json.loads((fp8_f32_out / "fimoe-manifest.json").read_text())["target"]["parameters"] == {"scale_dtype": "f32"}
+    assert json.loads((fp8_f32_out / "fimoe-manifest.json").read_text())["target"]["parameters"] == {
+        "scale_dtype": "f32"
+    }
     # The output is a Base checkpoint: fimoe-convert reads it back, and its BF16 equals the source's BF16.
     model = open_source(str(fp8_f32_out)).model
     assert model.expert_dtype == "fp8" and model.weight_block_size == (128, 128)
@@ -204,10 +204,13 @@ def test_v41_uses_32x32_tiles_and_keeps_expert_dtype_in_quantization_config(tmp_
 def test_lossy_fixture_is_refused_naming_tensor_and_tile(tmp_path):
     src = make_checkpoint(tmp_path / "src", "lossy-fp8")
     out = tmp_path / "out"
-    with pytest.raises(InputError, match=r"^tensor 'layers\.0\.ffn\.experts\.0\.w1\.weight': tile \(0, 0\) \(rows 0\.\.127, "
-                                         r"columns 0\.\.127\) is not exact in FP8 E4M3 \(2 of 2 tiles of this tensor are "
-                                         r"lossy\): its per-32 scale bytes span \d+\.\.\d+, more than the 14 steps .*"
-                                         r"run again with --allow-lossy --overwrite"):
+    with pytest.raises(
+        InputError,
+        match=r"^tensor 'layers\.0\.ffn\.experts\.0\.w1\.weight': tile \(0, 0\) \(rows 0\.\.127, "
+        r"columns 0\.\.127\) is not exact in FP8 E4M3 \(2 of 2 tiles of this tensor are "
+        r"lossy\): its per-32 scale bytes span \d+\.\.\d+, more than the 14 steps .*"
+        r"run again with --allow-lossy --overwrite",
+    ):
         convert(str(src), str(out), "fp8_block")
     assert read_manifest(out).complete is False and not (out / "model.safetensors.index.json").exists()
 
@@ -268,8 +271,11 @@ def test_one_widened_group_makes_exactly_one_lossy_tile(tiny_copy, tmp_path):
     tile = load_all(tiny_copy)[f"{name}.scale"].view(torch.uint8)[128:256, 0:4].clone()  # tile (1, 0) of w2
     tile[2, 2] = 0  # row 130, group 2: the byte we lower; the tile's scale comes from the others
     _set_scale_byte(tiny_copy, f"{name}.scale", 130, 2, int(tile.max()) - 6 - 12)
-    with pytest.raises(InputError, match=rf"^tensor '{name}\.weight': tile \(1, 0\) \(rows 128\.\.255, columns 0\.\.127\) "
-                                         r"is not exact in FP8 E4M3 \(1 of 2 tiles"):
+    with pytest.raises(
+        InputError,
+        match=rf"^tensor '{name}\.weight': tile \(1, 0\) \(rows 128\.\.255, columns 0\.\.127\) "
+        r"is not exact in FP8 E4M3 \(1 of 2 tiles",
+    ):
         convert(str(tiny_copy), str(tmp_path / "out"), "fp8_block")
     res = convert(str(tiny_copy), str(tmp_path / "lossy"), "fp8_block", allow_lossy=True)
     rep = res.report["fp8_block"]
@@ -291,7 +297,9 @@ def test_bad_params_are_refused(tiny_ckpt, tmp_path, params, match):
 
 def test_scale_byte_255_names_the_tensor(tiny_copy, tmp_path):
     _set_scale_byte(tiny_copy, "layers.2.ffn.experts.5.w1.scale", 0, 3, 255)
-    with pytest.raises(CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w1\.scale': 1 scale bytes are 255"):
+    with pytest.raises(
+        CorruptTensorError, match=r"tensor 'layers\.2\.ffn\.experts\.5\.w1\.scale': 1 scale bytes are 255"
+    ):
         convert(str(tiny_copy), str(tmp_path / "out"), "fp8_block")
 
 
@@ -304,7 +312,9 @@ def test_span_rule_exact_up_to_14_steps(span):
     r = fp4_to_fp8_block(packed, scales, (128, 64))
     assert r.lossy_tiles == (1 if span > EXACT_SPAN else 0)
     assert int(r.tile_bytes) == 134
-    exact = same_bits(ref_fp8_f32(r.weight, r.tile_bytes.view(torch.float8_e8m0fnu), (128, 64)), ref_fp4_f32(packed, scales))
+    exact = same_bits(
+        ref_fp8_f32(r.weight, r.tile_bytes.view(torch.float8_e8m0fnu), (128, 64)), ref_fp4_f32(packed, scales)
+    )
     assert exact == (span <= EXACT_SPAN)
 
 
@@ -316,7 +326,9 @@ def test_ragged_shapes_and_tiny_scales():
     r = fp4_to_fp8_block(packed, scales, (128, 64))
     assert tuple(r.weight.shape) == (200, 96) and tuple(r.tile_bytes.shape) == (2, 2)
     assert r.lossy_tiles == 0 and bool((r.tile_bytes == 1).all())
-    assert same_bits(ref_fp8_f32(r.weight, r.tile_bytes.view(torch.float8_e8m0fnu), (128, 64)), ref_fp4_f32(packed, scales))
+    assert same_bits(
+        ref_fp8_f32(r.weight, r.tile_bytes.view(torch.float8_e8m0fnu), (128, 64)), ref_fp4_f32(packed, scales)
+    )
 
 
 # The table path against the former float implementation ------------------------------------------

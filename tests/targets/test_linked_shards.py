@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from fimoe_convert import convert
-from fimoe_convert.pipeline.feeder import KEEP_MAX
 from fimoe_convert.budget import READ_AHEAD_MAX, MemoryBudget
+from fimoe_convert.pipeline.feeder import KEEP_MAX
 from fimoe_convert.pipeline.schedule import Emit, Run, group_steps, linked_groups
 from fimoe_convert.plan import OutShard, OutTensor, Plan, Unit
 

@@ -29,7 +29,9 @@ def schedule(units, order, small):
     shard = OutShard("s", tuple(merged[n] for n in order), 0)
     plan = Plan((shard,), {u.key: u for u in units}, 0)
     steps = shard_steps(shard, plan.piece_bytes, 16, KEEP_MAX)
-    runs = [(s.unit, [(n, False) for n in s.writes] + [(n, True) for n in s.keeps]) for s in steps if isinstance(s, Run)]
+    runs = [
+        (s.unit, [(n, False) for n in s.writes] + [(n, True) for n in s.keeps]) for s in steps if isinstance(s, Run)
+    ]
     return runs, sorted((s.tensor.name, s.unit) for s in steps if isinstance(s, Emit) and s.kept)
 
 
@@ -45,7 +47,9 @@ def test_a_unit_runs_once_per_lane_unless_a_large_piece_comes_later(small, runs,
 
 
 def test_consecutive_outputs_of_one_unit_share_a_run():
-    units = [Unit("u", "layers.0", 0, (0, 1), (), (OutTensor("A", "U8", (9,), "u", 0), OutTensor("B", "U8", (9,), "u", 0)))]
+    units = [
+        Unit("u", "layers.0", 0, (0, 1), (), (OutTensor("A", "U8", (9,), "u", 0), OutTensor("B", "U8", (9,), "u", 0)))
+    ]
     assert schedule(units, ["A", "B"], 0) == ([("u", [("A", False), ("B", False)])], [])
 
 

@@ -5,11 +5,10 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
 from reference import seed_dequant
+from safetensors import safe_open
 
-from fimoe_convert import convert
-from fimoe_convert import verify
+from fimoe_convert import convert, verify
 from fimoe_convert.errors import ValidationError
 from fimoe_convert.runtime import load_megamoe_weights
 from fimoe_convert.testing import make_checkpoint
@@ -73,9 +72,12 @@ def test_loaded_weights_equal_flashinfer_transform(tiny_ckpt, megamoe_out, block
         s1 = torch.cat([src[f"{e}.w1.scale"], src[f"{e}.w3.scale"]]).view(torch.uint8)
         p2, s2 = src[f"{e}.w2.weight"].view(torch.uint8), src[f"{e}.w2.scale"].view(torch.uint8)
         a, b = ref_shift(p1, s1), ref_shift(p2, s2)
-        l1p.append(ref_marlin(p1)); l1s.append((s1.int() - a).clamp(122, 133).to(torch.uint8))
-        l2p.append(ref_marlin(p2)); l2s.append((s2.int() - b).clamp(122, 133).to(torch.uint8))
-        g1.append(2.0 ** a); g2.append(2.0 ** b)
+        l1p.append(ref_marlin(p1))
+        l1s.append((s1.int() - a).clamp(122, 133).to(torch.uint8))
+        l2p.append(ref_marlin(p2))
+        l2s.append((s2.int() - b).clamp(122, 133).to(torch.uint8))
+        g1.append(2.0 ** a)
+        g2.append(2.0 ** b)
     want_l1, want_l2 = flashinfer_megamoe.transform_mxfp4_weights_for_mega_moe(
         (torch.stack(l1p), torch.stack(l1s)), (torch.stack(l2p), torch.stack(l2s)))
     l1, l2, gs1, gs2 = load_megamoe_weights(megamoe_out, block, rank)
@@ -111,7 +113,9 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
     from fimoe_convert.targets import TargetOptions, get_kernel, make_target
 
     unit_bytes = min(64 << 20, int(max_memory[:-3]) << {"MiB": 20, "GiB": 30}[max_memory[-3:]] >> 5)
-    units = make_target(get_kernel(TARGET), open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes)).units()
+    units = make_target(
+        get_kernel(TARGET), open_source(str(tiny_ckpt)).model, TargetOptions(ep_size=2, unit_bytes=unit_bytes)
+    ).units()
     per_rank = {leg: sum(1 for u in units if u.block == "layers.0" and u.rank == 0 and u.leg == leg)
                 for leg in ("l1", "l2")}
     assert per_rank == {"l1": l1_chunks, "l2": l2_chunks}
@@ -120,7 +124,9 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
     assert folder_bytes(out) == folder_bytes(megamoe_small_shards)
     for rank in (0, 1):
         for block in ("layers.0", "mtp.0"):
-            for got, want in zip(load_megamoe_weights(out, block, rank), load_megamoe_weights(megamoe_out, block, rank)):
+            for got, want in zip(
+                load_megamoe_weights(out, block, rank), load_megamoe_weights(megamoe_out, block, rank)
+            ):
                 assert got.dtype == want.dtype and torch.equal(got, want)
     assert verify(str(out), deep=True, samples=100)["problems"] == []
 
@@ -148,7 +154,7 @@ def test_leg_transform_matches_flashinfer_public_function_with_and_without_the_h
 
 def test_repack_is_exact_in_values(tiny_ckpt, megamoe_out):
     """Dequantizing the windowed inputs times the global scale gives the seed dequant of the source."""
-    from fimoe_convert.numerics.mxfp4 import marlin_to_linear, window_scales, linear_to_marlin
+    from fimoe_convert.numerics.mxfp4 import linear_to_marlin, marlin_to_linear, window_scales
     src = read(tiny_ckpt, ["layers.1.ffn.experts.2.w2.weight", "layers.1.ffn.experts.2.w2.scale"])
     p, s = src["layers.1.ffn.experts.2.w2.weight"][None], src["layers.1.ffn.experts.2.w2.scale"][None]
     newp, news, g, rep, bad = window_scales(p, s, allow_lossy=False)
@@ -191,7 +197,8 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     ({"inter": 96}, {}, r"moe_intermediate_size 96 must be a multiple of 128"),
     ({}, {"ep_size": 8, "arch": "10.0"}, r"--arch 10\.0: --target megamoe_sm90_mxfp4 runs on compute capability 9\.0"),
     ({"experts": 12}, {"ep_size": 3}, r"--ep-size 3: megamoe_sm90_mxfp4 runs on a power-of-two number of ranks"),
-    ({"expert_dtype": "fp8"}, {}, r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are FP8"),
+    ({"expert_dtype": "fp8"}, {},
+     r"--target megamoe_sm90_mxfp4: consumes FP4 experts, but this checkpoint's experts are FP8"),
 ])
 def test_validation_before_reading(tmp_path, overrides, opts, match):
     src = make_checkpoint(tmp_path / "src", "tiny", layers=1, mtp=0, hash_layers=0, **overrides)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fimoe_convert import convert
-from fimoe_convert.inspection import list_targets
 from fimoe_convert.errors import ValidationError
+from fimoe_convert.inspection import list_targets
 from fimoe_convert.testing import make_checkpoint
 
 pytest.importorskip("flashinfer")
@@ -58,13 +58,15 @@ def test_targets_table_says_what_runs_here():
 
 
 @pytest.mark.parametrize("target, opts, match", [
-    ("sm100_nvfp4_nvfp4_bf16_cutedsl", {"device": "cpu"}, r"--device cpu: --target sm100_nvfp4_nvfp4_bf16_cutedsl preprocesses on a CUDA device only"),
+    ("sm100_nvfp4_nvfp4_bf16_cutedsl", {"device": "cpu"},
+     r"--device cpu: --target sm100_nvfp4_nvfp4_bf16_cutedsl preprocesses on a CUDA device only"),
     ("sm90_fp8_mxfp4_bf16_pull_cutedsl", {"device": "cpu"}, r"--device cpu: .* preprocesses on a CUDA device only"),
     ("flashinfer_moe_ep_mega_cutedsl", {"device": "cpu", "arch": "9.0"},
      r"--arch 9\.0: --target sm100_nvfp4_nvfp4_bf16_cutedsl runs on compute capability 10\.0 or 10\.3"),
     ("sm90_fp8_fp8_bf16_pull_cutedsl", {"params": {"fp8_scale_mode": "rowwise"}},
      r"--param fp8_scale_mode=rowwise: expected one of per_tensor, blockwise"),
-    ("sm107_mxfp8_mxfp4_bf16_cutedsl", {"params": {"x": "1"}}, r"--param x=1: sm107_mxfp8_mxfp4_bf16_cutedsl takes no parameters"),
+    ("sm107_mxfp8_mxfp4_bf16_cutedsl", {"params": {"x": "1"}},
+     r"--param x=1: sm107_mxfp8_mxfp4_bf16_cutedsl takes no parameters"),
     ("sm107_mxfp8_mxfp4_bf16_cutedsl", {"ep_size": 3}, r"--ep-size 3: must divide the 8 routed experts"),
 ])
 def test_validation_names_the_flag(tiny_ckpt, tmp_path, target, opts, match):
@@ -85,8 +87,12 @@ def test_deepgemm_is_refused_up_front_naming_the_package_and_the_gpu(tiny_ckpt, 
     import importlib.util
     if importlib.util.find_spec("deep_gemm") is not None:
         pytest.skip("deep_gemm installed")
-    with pytest.raises(ValidationError, match=r"(?s)^2 problems:.*--device cpu: --target sm100_fp8_fp4_bf16_deepgemm "
-                                              r"preprocesses on a CUDA device only.*Python package 'deep_gemm' \(needed by --target sm100_fp8_fp4_bf16_deepgemm\): not installed here"):
+    with pytest.raises(
+        ValidationError,
+        match=r"(?s)^2 problems:.*--device cpu: --target sm100_fp8_fp4_bf16_deepgemm "
+        r"preprocesses on a CUDA device only.*Python package 'deep_gemm' "
+        r"\(needed by --target sm100_fp8_fp4_bf16_deepgemm\): not installed here",
+    ):
         convert(str(tiny_ckpt), str(tmp_path / "out"), "sm100_fp8_fp4_bf16_deepgemm")
     assert not (tmp_path / "out").exists()
 

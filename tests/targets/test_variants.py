@@ -8,12 +8,11 @@ import pytest
 import torch
 from reference import load_all, same_bits, seed_dequant
 
+from fimoe_convert import convert, verify
 from fimoe_convert.checkpoint import variant_name
-from fimoe_convert import convert
-from fimoe_convert.inspection import inspect
-from fimoe_convert import verify
 from fimoe_convert.errors import ValidationError
 from fimoe_convert.files.source import open_source
+from fimoe_convert.inspection import inspect
 from fimoe_convert.kernels import KERNELS
 from fimoe_convert.testing import make_checkpoint
 
@@ -36,7 +35,9 @@ def ref_fp8_block_dequant(weight: torch.Tensor, scale: torch.Tensor, block: tupl
     for i in range(scale.shape[0]):
         for j in range(scale.shape[1]):
             w = weight[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols].to(torch.float32)
-            out[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols] = (w * scale[i, j].to(torch.float32)).to(torch.bfloat16)
+            out[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols] = (w * scale[i, j].to(torch.float32)).to(
+                torch.bfloat16
+            )
     return out
 
 
@@ -119,8 +120,11 @@ def test_inspect_names_the_variant_and_the_targets_that_apply(variant):
 
 def test_fp4_consuming_targets_refuse_base_checkpoints(tmp_path):
     src = make_checkpoint(tmp_path / "src", "base")
-    with pytest.raises(ValidationError, match=r"--target fp8_block: consumes FP4 experts, but this checkpoint's experts "
-                                              r"are FP8 \(expert_dtype 'fp8'\); use --target bf16"):
+    with pytest.raises(
+        ValidationError,
+        match=r"--target fp8_block: consumes FP4 experts, but this checkpoint's experts "
+        r"are FP8 \(expert_dtype 'fp8'\); use --target bf16",
+    ):
         convert(str(src), str(tmp_path / "out"), "fp8_block")
     assert not (tmp_path / "out").exists()
 
@@ -133,7 +137,10 @@ def test_variant_fixtures_have_their_distinguishing_features(tmp_path):
     v41_dir = make_checkpoint(tmp_path / "v41", "v4.1")
     v41, cfg = load_all(v41_dir), json.loads((v41_dir / "config.json").read_text())
     assert cfg["model_type"] == "deepseek_v41" and "hidden_size" in cfg["text_config"] and "hidden_size" not in cfg
-    assert cfg["quantization_config"]["expert_dtype"] == "fp4" and cfg["quantization_config"]["weight_block_size"] == [32, 32]
+    assert cfg["quantization_config"]["expert_dtype"] == "fp4" and cfg["quantization_config"]["weight_block_size"] == [
+        32,
+        32,
+    ]
     assert tuple(v41["layers.0.attn.wq_a.scale"].shape) == (128 // 32, 256 // 32)
     assert {"layers.0.engram.embed.weight", "layers.1.attn.indexer.wq_b.scale", "vision.patch_embed.weight"} <= set(v41)
     base_dir = make_checkpoint(tmp_path / "base", "base")
