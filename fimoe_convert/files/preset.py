@@ -35,7 +35,7 @@ def preset_path(config: str | Path) -> Path:
     """--config's file: an existing path, else a package preset by name (a `configs/convert/NAME.toml` path from
     older docs also finds it); an unknown name is a UsageError with the names it may have meant."""
     path = Path(config)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # any file that exists: its reader refuses a FIFO or a device itself
         return path
     names = preset_names()
     name = path.stem if path.suffix == ".toml" else path.name

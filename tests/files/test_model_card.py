@@ -185,8 +185,8 @@ def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
     res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--dry-run", "--shard-size", "4MB"])
     assert res.exit_code == 0, res.output
-    lines = res.output.splitlines()
-    assert lines[0] == "plan for --target bf16 on cpu: 3 shards"
+    lines = res.stdout.splitlines()  # the notice of the sample timing goes to stderr, before it
+    assert res.stderr.startswith("timing one unit") and lines[0] == "plan for --target bf16 on cpu: 3 shards"
     assert re.fullmatch(r"read [0-9.]+ MB, write [0-9.]+ MB, free disk [0-9.]+ [kMGT]?B", lines[4])
     assert re.fullmatch(r"ETA: (under 1 s|about ([0-9]+ s|[0-9.]+ min|[0-9.]+ h)) \(estimate: a sample unit, "
                         r"layers\.\d+\.ffn\.experts\.\d+, converted [0-9.]+ kB in [0-9.]+ ms on cpu, so 32 units take "

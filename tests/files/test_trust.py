@@ -798,7 +798,7 @@ FLAG_ERRORS = [
     (["--param", "a=b;rm -rf"], r"--param 'a'='b;rm -rf': keys and values are letters"),
     (["--resume", "--overwrite"], r"--resume and --overwrite: pass one of them"),
     (["--revision", "main"], r"--revision main: SRC .* is a local folder"),
-    (["--config", "/nonexistent.toml"], r"--config /nonexistent\.toml: no such file"),
+    (["--config", "/nonexistent.toml"], r"--config /nonexistent\.toml: no such preset or file"),
 ]
 
 
