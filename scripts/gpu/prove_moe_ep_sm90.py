@@ -42,28 +42,11 @@ T0 = time.perf_counter()
 os.environ.setdefault("MEGA_NO_DIST", "1")
 
 import torch  # noqa: E402
+from moe_reference import log, read_source_experts, rel_l2  # noqa: E402
 
 TARGET = "sm90_fp8_fp8_bf16_pull_cutedsl"
 FIXTURE = dict(hidden=1024, inter=512, experts=8, top_k=2, layers=2, hash_layers=0, mtp=1, extreme_scales=False)
 NEG_REL_L2_MIN = 0.2
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-def read_source_experts(ckpt: Path, block: str, n_experts: int) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    wm = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
-    out: dict[str, list[torch.Tensor]] = {}
-    for j in range(n_experts):
-        for leg in ("w1", "w2", "w3"):
-            for kind in ("weight", "scale"):
-                name = f"{block}.ffn.experts.{j}.{leg}.{kind}"
-                with safe_open(str(ckpt / wm[name]), framework="pt") as f:
-                    out.setdefault(f"{leg}.{kind}", []).append(f.get_tensor(name).view(torch.uint8))
-    return {k: torch.stack(v) for k, v in out.items()}
 
 
 def reference_moe(x, w1, w3, w2, idx, wts):
@@ -94,10 +77,6 @@ def dequant_blockwise_fp8(tw, inter: int):
     gate = v[:, :, 0].reshape(e, inter, k)
     up = v[:, :, 1].reshape(e, inter, k)
     return gate, up, deq(q2, s2)
-
-
-def rel_l2(got, want) -> float:
-    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def main() -> int:
