@@ -118,3 +118,19 @@ def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
         for k, c in sorted(ks.items()):
             print(f"  {title}: {k} x{c}")
     return int(bool(unused or whole or part or tr.mismatch or tr.errors))
+
+
+def load_and_report(model, out: str, weight_loader, built: str) -> int:
+    """The part both engines share once their model is built: quant method per layer kind, sentinel fill, the
+    engine's own load_weights over every tensor of OUT (traced), and the report; the exit status."""
+    print(f"built on cpu{built}: {sum(1 for _ in model.named_parameters())} parameters")
+    for k, v in quant_methods(model).items():
+        print(f"  quant method {k}: {v}")
+    pats = fill_sentinel(model)
+    tr = Trace(model, weight_loader)
+    names, returned = [], None
+    try:
+        returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
+    except Exception as exc:  # report where the engine's own code stops
+        print(f"STOP in load_weights at tensor {tr.current}: {where(exc)}")
+    return max(report(model, names, pats, tr, returned), int(returned is None))

@@ -39,19 +39,9 @@ def main(out: str) -> int:
     except Exception as exc:
         print(f"STOP building the model: {lc.where(exc)}")
         return 1
-    print(f"built on cpu: {sum(1 for _ in model.named_parameters())} parameters")
-    for k, v in lc.quant_methods(model).items():
-        print(f"  quant method {k}: {v}")
     from sglang.srt.model_loader.weight_utils import default_weight_loader
-    pats = lc.fill_sentinel(model)
-    tr = lc.Trace(model, default_weight_loader)
-    names, returned = [], None
-    try:
-        returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
-    except Exception as exc:
-        print(f"STOP in load_weights at tensor {tr.current}: {lc.where(exc)}")
-    return max(lc.report(model, names, pats, tr, returned), int(returned is None))
 
+    return lc.load_and_report(model, out, default_weight_loader, "")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))

@@ -118,19 +118,7 @@ def build(cfg, out: str) -> int:
         except Exception as exc:  # report where the engine's own code stops
             print(f"STOP building the model: {lc.where(exc)}")
             return 1
-        n_params = sum(1 for _ in model.named_parameters())
-        print(f"built on cpu (default dtype {cfg.model_config.dtype}): {n_params} parameters")
-        for k, v in lc.quant_methods(model).items():
-            print(f"  quant method {k}: {v}")
-        pats = lc.fill_sentinel(model)
-        tr = lc.Trace(model, default_weight_loader)
-        names, returned = [], None
-        try:
-            returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
-        except Exception as exc:
-            print(f"STOP in load_weights at tensor {tr.current}: {lc.where(exc)}")
-        return max(lc.report(model, names, pats, tr, returned), int(returned is None))
-
+        return lc.load_and_report(model, out, default_weight_loader, f" (default dtype {cfg.model_config.dtype})")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))
