@@ -13,7 +13,75 @@ import _load_check as lc  # noqa: E402
 import torch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+H200_BYTES = 141 << 30  # device memory reported by the simulated GPU, bytes
+STUBBED = ["sgl_kernel", "deep_gemm"]  # CUDA-only extension packages: importing works, calling raises
+# submodules SGLang imports inside try/except ImportError with a pure-Python fallback: left missing
+ABSENT = ["sgl_kernel.scalar_type"]  # CUDA-only extension packages: calls raise
+
+
+def simulate_h200() -> list:
+    """torch.cuda answers as one H200 (capability 9.0) would; no kernel can run. Returns what was replaced."""
+    import types
+
+    class FakeStream:  # constructors only keep streams and events for later kernel overlap
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, *a):
+            pass
+
+        def record(self, *a):
+            pass
+
+    props = types.SimpleNamespace(name="NVIDIA H200 (simulated)", major=9, minor=0, total_memory=H200_BYTES,
+                                  multi_processor_count=132)
+    fakes = {"is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
+             "set_device": lambda *a: None, "get_device_capability": lambda *a: (9, 0),
+             "get_device_name": lambda *a: props.name, "get_device_properties": lambda *a: props,
+             "mem_get_info": lambda *a: (H200_BYTES, H200_BYTES), "Stream": FakeStream, "Event": FakeStream,
+             "current_stream": lambda *a: FakeStream(), "synchronize": lambda *a: None}
+    for attr, obj in fakes.items():
+        setattr(torch.cuda, attr, obj)
+    _cuda_stub.install(STUBBED, ABSENT)
+    HostForCuda().__enter__()  # for the whole process, as SGLang's own device context would be
+    return ([f"torch.cuda.{a}" for a in fakes] + [f"{m} (stub module)" for m in STUBBED]
+            + ["tensors asked for on cuda are made in host memory (TorchFunctionMode)"])
+
+
+def _host(dev):
+    return "cpu" if dev is not None and torch.device(dev).type == "cuda" else dev
+
+
+class HostForCuda(torch.overrides.TorchFunctionMode):
+    """Tensors asked for on cuda (device=, .to, .cuda) are made in host memory instead; pinning is dropped."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _host(kwargs["device"])
+        kwargs.pop("pin_memory", None)
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], (str, torch.device, int)) \
+                and not isinstance(args[1], bool):
+            args = (args[0], _host(args[1] if not isinstance(args[1], int) else "cuda"), *args[2:])
+        return func(*args, **kwargs)
+
+
+FAKES = []
+if not CUDA:  # before SGLang is imported: its modules read the platform at import time
+    import _cuda_stub  # noqa: E402
+
+    FAKES = simulate_h200()
 DIST_PORT = 29533  # gloo rendezvous port of the world-size-1 group (only this process joins)
+
+
+def fake_bootstrap(bootstrap) -> list:
+    """The distributed start on gloo: NCCL needs a GPU, and world size 1 moves no data."""
+    if CUDA:
+        return []
+    bootstrap._resolve_backend = lambda device: "gloo"
+    return ["bootstrap._resolve_backend -> gloo"]
 
 
 def start(out: str):
@@ -25,9 +93,8 @@ def start(out: str):
     from sglang.srt.server_args import ServerArgs
 
     print(f"sglang {sglang.__version__}")
-    # without an accelerator SGLang's own device detection raises; its CPU backend is the device that exists
     args = ServerArgs(model_path=out, skip_tokenizer_init=True, load_format="safetensors",
-                      device="cuda" if CUDA else "cpu")
+                      device="cuda")
     mc = ModelConfig.from_server_args(args)
     print(f"architecture: {mc.hf_config.architectures}; quantization: {mc.quantization}; dtype: {mc.dtype}")
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
@@ -35,6 +102,7 @@ def start(out: str):
     print(f"published: device {get_device().device}, tp {par.tp_size}, moe_ep {par.moe_ep_size}, "
           f"attn_tp {par.attn_tp_size}, pp {par.pp_size}")
     from sglang.srt.distributed import bootstrap
+    print(f"CUDA patches (no GPU): {FAKES + fake_bootstrap(bootstrap) if not CUDA else 'none'}")
     bootstrap.init_parallel_runtime(server_args=args, device=get_device().device, dist_port=DIST_PORT)
     bootstrap.init_layer_runtime(model_config=mc)
     print(f"process groups: {torch.distributed.get_backend()}, world size {torch.distributed.get_world_size()}")
@@ -53,6 +121,11 @@ def build(args, mc):
     """DefaultModelLoader.initialize_model_for_startup: quant config, then the model class under the model dtype."""
     from sglang.srt.model_executor.model_runner_components.load_model_utils import build_load_config
     from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
+    from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM  # SGLang's registry hides import errors
+
+    if not CUDA:  # the last step of load_weights JIT-compiles and runs the MHC kernels once (warm-up only)
+        DeepseekV4ForCausalLM._prewarm_mhc_kernels = lambda self: None
+        print("CUDA patches (no GPU): DeepseekV4ForCausalLM._prewarm_mhc_kernels -> no-op")
     from sglang.srt.runtime_context import get_model, get_parallel
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
@@ -63,8 +136,11 @@ def build(args, mc):
                              weight_cache_socket=get_model().weight_cache_socket)
     qc = _get_quantization_config(mc, lcfg)
     print(f"quant config: {type(qc).__module__}.{type(qc).__name__}" if qc else "quant config: None")
-    with set_default_torch_dtype(mc.dtype), torch.device(get_device_name()):
-        return _initialize_model(mc, lcfg, qc)
+    # parameters live in host memory; SGLang's code still takes the CUDA paths it would take on a GPU
+    with set_default_torch_dtype(mc.dtype), torch.device("cuda" if CUDA else "cpu"):
+        model = _initialize_model(mc, lcfg, qc)
+    assert isinstance(model, DeepseekV4ForCausalLM), f"SGLang built {type(model).__module__}.{type(model).__name__}"
+    return model
 
 
 def get_device_name() -> str:
