@@ -1,8 +1,12 @@
 """SGLang's own start on one output folder: `python sglang_load.py OUT` (SGLANG_DSV4_FP4_EXPERTS=0: FP8/BF16
 experts). Runs what SGLang's scheduler process runs before its model runner loads (server args, model config,
 publish for TP 1 / EP 1, process groups on gloo with world size 1, layer runtime, MoE and GEMM config), builds
-DeepseekV4ForCausalLM as SGLang's loader does, and runs its load_weights over every tensor of OUT. Without a GPU,
-SGLang's own CPU device is used; it prints the exact file:line where SGLang's code stops."""
+DeepseekV4ForCausalLM as SGLang's loader does, and runs its load_weights over every tensor of OUT.
+
+Without a GPU, torch.cuda answers as one H200 would, SGLang's CUDA extension packages are stubs that raise if
+called, tensors asked for on cuda are made in host memory and the process groups use gloo; every such patch is
+printed. SGLang's own CPU device cannot build this model (its CPU rotary embedding takes only deepseek_yarn
+scaling, and the uncompressed attention layers pass none). Prints the exact file:line where SGLang's code stops."""
 import os
 import sys
 from pathlib import Path
@@ -14,9 +18,9 @@ import torch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 H200_BYTES = 141 << 30  # device memory reported by the simulated GPU, bytes
+CUDA_VERSION = "12.9"  # the CUDA toolkit version reported with a CPU build of torch
 STUBBED = ["sgl_kernel", "deep_gemm"]  # CUDA-only extension packages: importing works, calling raises
-# submodules SGLang imports inside try/except ImportError with a pure-Python fallback: left missing
-ABSENT = ["sgl_kernel.scalar_type"]  # CUDA-only extension packages: calls raise
+ABSENT = ["sgl_kernel.scalar_type"]  # imported under try/except ImportError with a pure-Python fallback
 
 
 def simulate_h200() -> list:
@@ -42,9 +46,13 @@ def simulate_h200() -> list:
              "current_stream": lambda *a: FakeStream(), "synchronize": lambda *a: None}
     for attr, obj in fakes.items():
         setattr(torch.cuda, attr, obj)
+    extra = []
+    if torch.version.cuda is None:  # a CPU build of torch: SGLang's is_cuda() also asks for the CUDA version
+        torch.version.cuda = CUDA_VERSION
+        extra.append(f"torch.version.cuda = {CUDA_VERSION!r}")
     _cuda_stub.install(STUBBED, ABSENT)
     HostForCuda().__enter__()  # for the whole process, as SGLang's own device context would be
-    return ([f"torch.cuda.{a}" for a in fakes] + [f"{m} (stub module)" for m in STUBBED]
+    return ([f"torch.cuda.{a}" for a in fakes] + extra + [f"{m} (stub module)" for m in STUBBED]
             + ["tensors asked for on cuda are made in host memory (TorchFunctionMode)"])
 
 
@@ -73,6 +81,7 @@ if not CUDA:  # before SGLang is imported: its modules read the platform at impo
     import _cuda_stub  # noqa: E402
 
     FAKES = simulate_h200()
+
 DIST_PORT = 29533  # gloo rendezvous port of the world-size-1 group (only this process joins)
 
 
@@ -93,8 +102,7 @@ def start(out: str):
     from sglang.srt.server_args import ServerArgs
 
     print(f"sglang {sglang.__version__}")
-    args = ServerArgs(model_path=out, skip_tokenizer_init=True, load_format="safetensors",
-                      device="cuda")
+    args = ServerArgs(model_path=out, skip_tokenizer_init=True, load_format="safetensors", device="cuda")
     mc = ModelConfig.from_server_args(args)
     print(f"architecture: {mc.hf_config.architectures}; quantization: {mc.quantization}; dtype: {mc.dtype}")
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
@@ -126,8 +134,8 @@ def build(args, mc):
     if not CUDA:  # the last step of load_weights JIT-compiles and runs the MHC kernels once (warm-up only)
         DeepseekV4ForCausalLM._prewarm_mhc_kernels = lambda self: None
         print("CUDA patches (no GPU): DeepseekV4ForCausalLM._prewarm_mhc_kernels -> no-op")
-    from sglang.srt.runtime_context import get_model, get_parallel
     from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang.srt.runtime_context import get_model, get_parallel
 
     lcfg = build_load_config(server_args=args, tp_rank=get_parallel().tp_rank,
                              remote_instance_weight_transporter_engine=None,
@@ -139,7 +147,8 @@ def build(args, mc):
     # parameters live in host memory; SGLang's code still takes the CUDA paths it would take on a GPU
     with set_default_torch_dtype(mc.dtype), torch.device("cuda" if CUDA else "cpu"):
         model = _initialize_model(mc, lcfg, qc)
-    assert isinstance(model, DeepseekV4ForCausalLM), f"SGLang built {type(model).__module__}.{type(model).__name__}"
+    if not isinstance(model, DeepseekV4ForCausalLM):
+        raise TypeError(f"SGLang built {type(model).__module__}.{type(model).__name__}, not DeepseekV4ForCausalLM")
     return model
 
 
