@@ -11,7 +11,8 @@ SENTINEL_INT = 0x5A  # byte written into every element of integer / fp8-scale pa
 
 def where(exc: BaseException) -> str:
     """file:line `code` of the innermost frames (engine path from its package root), plus the exception."""
-    frames = [f"{_short(f.filename)}:{f.lineno} `{f.line}`" for f in traceback.extract_tb(exc.__traceback__)[-4:]]
+    frames = [f"{_short(f.filename)}:{f.lineno} `{f.line}`" for f in traceback.extract_tb(exc.__traceback__)
+              if f.name != "__torch_function__"][-4:]  # this script's tracing modes are not the engine's code
     return "\n    " + "\n    ".join(frames) + f"\n    -> {type(exc).__name__}: {exc}"
 
 

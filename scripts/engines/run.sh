@@ -2,13 +2,14 @@
 # Make the tiny source (indexer head 128, the only size the engines' kernels take), convert the outputs the README
 # tells users to serve, and run vllm_load.py and sglang_load.py on each, each engine in its own private venv
 # (never the project's). Usage: scripts/engines/run.sh WORKDIR
-# Existing venvs are reused when named: VLLM_VENV, SGLANG_VENV (else WORKDIR/venv-vllm, WORKDIR/venv-sglang, made
-# here when missing); FIMOE_PYTHON is the Python that has fimoe_convert (default python3).
+# Existing venvs are reused when named: VENV_VLLM, VENV_SGLANG (not VLLM_* / SGLANG_*, which the engines read);
+# else WORKDIR/venv-vllm, WORKDIR/venv-sglang, made here when missing. FIMOE_PYTHON is the Python that has
+# fimoe_convert (default python3).
 set -euo pipefail
 work=${1:?usage: run.sh WORKDIR}
 here=$(cd "$(dirname "$0")" && pwd)
 py=${FIMOE_PYTHON:-python3}
-venv=${VLLM_VENV:-$work/venv-vllm}
+venv=${VENV_VLLM:-$work/venv-vllm}
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q torch==2.13.0
@@ -19,10 +20,10 @@ if [ ! -x "$venv/bin/python" ]; then
     partial-json-parser jsonschema watchfiles python-json-logger ninja ijson oss-harmony uvloop xgrammar \
     llguidance triton_kernels
 fi
-sg=${SGLANG_VENV:-$work/venv-sglang}
+sg=${VENV_SGLANG:-$work/venv-sglang}
 if [ ! -x "$sg/bin/python" ]; then
   python3 -m venv "$sg"
-  "$sg/bin/pip" install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+  "$sg/bin/pip" install -q torch==2.14.1 torchvision==0.29.1  # SGLang 0.5.23 pins torch; its configs import torchvision
   "$sg/bin/pip" install -q --no-deps sglang==0.5.23 compressed-tensors loguru gguf openai sniffio \
     partial-json-parser apache-tvm-ffi pybase64 triton dill
   "$sg/bin/pip" install -q transformers safetensors attrs aiohttp starlette ipython pillow pyzmq pyyaml \
