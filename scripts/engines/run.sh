@@ -32,7 +32,7 @@ fi
 echo "fimoe-convert $("$py" -c 'import importlib.metadata as m; print(m.version("fimoe-convert"))' 2>/dev/null \
   || echo '(source tree)'); $(date -u +%FT%TZ); $(uname -m), $(nproc) cores; no GPU unless the scripts say cuda=True"
 [ -d "$work/src" ] || "$py" "$here/../make_fixture.py" "$work/src" --preset tiny --index-head-dim 128
-for t in "bf16" "fp8_block --param scale_dtype=f32" "fp8_block"; do
+for t in "bf16" "fp8_block --param scale_dtype=f32" "fp8_block" "bf16 --param dense=bf16"; do
   o=$work/out-$(echo "$t" | tr ' =' '__')
   [ -d "$o" ] || "$py" -m fimoe_convert.cli "$work/src" "$o" --target $t
   echo "=== vllm_load.py $(basename "$o")"

@@ -157,6 +157,40 @@ def get_device_name() -> str:
     return get_device().device
 
 
+def compare_experts(model, out: str) -> int:
+    """Routed and shared experts' parameters after load_weights against the checkpoint's tensors, byte for byte
+    (w13 = w1 rows then w3 rows; FP8 scales compared as float32 values)."""
+    from safetensors import safe_open
+
+    ck = {}
+    for shard in sorted(Path(out).glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            names = [n for n in f.keys() if ".ffn." in n and not n.startswith("mtp.")]  # noqa: SIM118 - no dict
+            ck.update({n: f.get_tensor(n) for n in names})
+    params = dict(model.named_parameters())
+    same = diff = 0
+    for i in range(model.config.num_hidden_layers):
+        pre, src = f"model.layers.{i}.mlp.", f"layers.{i}.ffn."
+        pairs = [(f"{pre}shared_experts.gate_up_proj", None, f"{src}shared_experts.w1", f"{src}shared_experts.w3"),
+                 (f"{pre}shared_experts.down_proj", None, f"{src}shared_experts.w2", None)]
+        for e in range(model.config.n_routed_experts):
+            pairs += [(f"{pre}experts.w13", e, f"{src}experts.{e}.w1", f"{src}experts.{e}.w3"),
+                      (f"{pre}experts.w2", e, f"{src}experts.{e}.w2", None)]
+        for dst, e, a, b in pairs:
+            for dsuf, ssuf in (("weight", ".weight"), ("weight_scale_inv", ".scale")):
+                name = f"{dst}.{dsuf}" if e is None else f"{dst}_{dsuf}"
+                if name not in params or a + ssuf not in ck:
+                    continue
+                want = torch.cat([ck[n + ssuf] for n in (a, b) if n])
+                got = params[name].data if e is None else params[name].data[e]
+                if ssuf == ".scale":
+                    got, want = got.float(), want.float()
+                ok = got.shape == want.shape and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+                same, diff = same + ok, diff + (not ok)
+    print(f"values: {same} expert weight/scale tensors byte-identical to the checkpoint, {diff} differ")
+    return int(diff > 0 or same == 0)
+
+
 def main(out: str) -> int:
     print(f"output={Path(out).name} torch {torch.__version__} cuda={CUDA} "
           f"SGLANG_DSV4_FP4_EXPERTS={os.environ['SGLANG_DSV4_FP4_EXPERTS']}")
@@ -172,7 +206,8 @@ def main(out: str) -> int:
         return 1
     from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-    return lc.load_and_report(model, out, default_weight_loader, f" (device {get_device_name()}, dtype {mc.dtype})")
+    status = lc.load_and_report(model, out, default_weight_loader, f" (device {get_device_name()}, dtype {mc.dtype})")
+    return max(status, compare_experts(model, out))
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1]))
