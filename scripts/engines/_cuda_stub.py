@@ -17,13 +17,15 @@ class _Stub(types.ModuleType):
         kernel.__name__ = attr
         return kernel
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, names): self.names = tuple(names)
+    def __init__(self, names, absent=()): self.names, self.absent = tuple(names), tuple(absent)
     def find_spec(self, name, path, target=None):
+        if name in self.absent:  # left to the other finders: ImportError where the package is not installed
+            return None
         if any(name == n or name.startswith(n + ".") for n in self.names):
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
     def create_module(self, spec): return _Stub(spec.name)
     def exec_module(self, module): pass
-def install(names): sys.meta_path.insert(0, _Finder(names))
+def install(names, absent=()): sys.meta_path.insert(0, _Finder(names, absent))
 ACCESSED = []
 def stub_op_namespace(ns):
     """torch.ops namespace: ops the missing extension would register become stubs (names kept in ACCESSED)."""

@@ -11,7 +11,8 @@ SENTINEL_INT = 0x5A  # byte written into every element of integer / fp8-scale pa
 
 def where(exc: BaseException) -> str:
     """file:line `code` of the innermost frames (engine path from its package root), plus the exception."""
-    frames = [f"{_short(f.filename)}:{f.lineno} `{f.line}`" for f in traceback.extract_tb(exc.__traceback__)[-4:]]
+    frames = [f"{_short(f.filename)}:{f.lineno} `{f.line}`" for f in traceback.extract_tb(exc.__traceback__)
+              if f.name != "__torch_function__"][-4:]  # this script's tracing modes are not the engine's code
     return "\n    " + "\n    ".join(frames) + f"\n    -> {type(exc).__name__}: {exc}"
 
 
@@ -71,20 +72,27 @@ class Trace:
     def __init__(self, model, default_loader):
         self.current = None
         self.consumed, self.calls, self.mismatch, self.errors = set(), Counter(), [], {}
+        self.origin, self.keep = {}, []  # storage address -> names of the checkpoint tensors it came from
         for pname, p in model.named_parameters():
-            p.weight_loader = self._wrap(pname, p, getattr(p, "weight_loader", default_loader))
+            traced = self._wrap(pname, p, getattr(p, "weight_loader", default_loader))
+            try:
+                p.weight_loader = traced
+            except AttributeError:  # SGLang's BasevLLMParameter: a read-only property over _weight_loader
+                p._weight_loader = traced
 
     def _wrap(self, pname, param, loader):
         def traced(prm, loaded, *a, **k):
+            # engines that batch, fuse or load on worker threads pass tensors made from earlier names
+            names = sorted(self.origin.get(_storage(loaded)) or {self.current})
             if loaded.dtype != prm.dtype and loaded.dtype.itemsize != prm.dtype.itemsize:
-                self.mismatch.append(f"{self.current}: {loaded.dtype} -> {prm.dtype}")
+                self.mismatch += [f"{n}: {loaded.dtype} -> {prm.dtype}" for n in names]
             try:
                 out = loader(prm, loaded, *a, **k)
             except Exception as exc:  # noqa: BLE001  (kept per tensor so that loading goes on to the rest)
-                self.errors.setdefault(kind(self.current), [0, where(exc)])[0] += 1
+                self.errors.setdefault(kind(names[0]), [0, where(exc)])[0] += 1
                 return False
             if out is not False:
-                self.consumed.add(self.current)
+                self.consumed.update(names)
                 self.calls[kind(pname)] += 1
             return out
         return traced
@@ -94,18 +102,48 @@ class Trace:
         for shard in sorted(Path(folder).glob("*.safetensors")):
             with safe_open(str(shard), framework="pt") as f:
                 for n in f.keys():  # noqa: SIM118 - safe_open is no dict
-                    self.current = n
-                    yield n, f.get_tensor(n)
+                    self.current, t = n, f.get_tensor(n)
+                    self.origin[_storage(t)] = {n}
+                    self.keep.append(t)  # alive, so that no later tensor reuses its address
+                    yield n, t
+
+    def derived(self):
+        """Torch function mode: a tensor computed from traced checkpoint tensors (cat, dequantize, ...) is
+        traced to their names."""
+        trace = self
+
+        class Derived(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if getattr(func, "__name__", "").endswith("_"):  # in place: the output is the destination
+                    return out
+                ins = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+                names = set().union(*(trace.origin.get(_storage(x), set()) for x in ins))
+                for o in torch.utils._pytree.tree_leaves(out):
+                    if names and isinstance(o, torch.Tensor) and _storage(o) not in trace.origin:
+                        trace.origin[_storage(o)] = names
+                        trace.keep.append(o)
+                return out
+        return Derived()
+
+
+def _storage(t) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
     whole, part = unfilled(model, pats)
-    params = [n for n, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
+    # the engine marks parameters a checkpoint may lack (SGLang's FP8 KV-cache k_scale / v_scale, set to 1.0 after
+    # loading when absent); they stay sentinel here by design
+    optional = [n for n in whole if getattr(params[n], "_skip_weight_check", False)]
+    whole = [n for n in whole if n not in optional]
     unused = [n for n in names if n not in tr.consumed]
     print(f"tensors offered: {len(names)}; consumed (a weight_loader took them): {len(tr.consumed)}; "
           f"names load_weights returned: {len(returned) if returned is not None else '-'}")
-    print(f"parameters: {len(params)} total, {len(params) - len(whole) - len(part)} filled, "
-          f"{len(whole)} still all-sentinel, {len(part)} partly sentinel")
+    print(f"parameters: {len(params)} total, {len(params) - len(whole) - len(part) - len(optional)} filled, "
+          f"{len(whole)} still all-sentinel, {len(part)} partly sentinel"
+          + (f", {len(optional)} not in the checkpoint by the engine's design" if optional else ""))
     for k, (c, w) in sorted(tr.errors.items()):
         print(f"  weight_loader raised on {k} x{c}:{w}")
     mtp = [n for n in unused if n.startswith("mtp.")]
@@ -113,11 +151,13 @@ def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
         print(f"  not consumed: mtp.* x{len(mtp)} (MTP block, not part of the main model)")
     not_consumed = [n for n in unused if not n.startswith("mtp.")]
     for title, items in (("not consumed", not_consumed), ("still all-sentinel", whole), ("partly sentinel", part),
-                         ("dtype mismatches (loaded -> param)", tr.mismatch)):
+                         ("not in the checkpoint (engine-marked optional)", optional),
+                         ("dtype converted by the loader (loaded -> param)", tr.mismatch)):
         ks = Counter(kind(i) for i in items)
         for k, c in sorted(ks.items()):
             print(f"  {title}: {k} x{c}")
-    return int(bool(unused or whole or part or tr.mismatch or tr.errors))
+    # a value conversion by the engine's own loader (e8m0 -> f32 scales) is reported, not a failure
+    return int(bool(not_consumed or whole or part or tr.errors))
 
 
 def load_and_report(model, out: str, weight_loader, built: str) -> int:
@@ -128,9 +168,11 @@ def load_and_report(model, out: str, weight_loader, built: str) -> int:
         print(f"  quant method {k}: {v}")
     pats = fill_sentinel(model)
     tr = Trace(model, weight_loader)
-    names, returned = [], None
+    names, returned, stopped = [], None, False
     try:
-        returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
+        with tr.derived():
+            returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
     except Exception as exc:  # report where the engine's own code stops
-        print(f"STOP in load_weights at tensor {tr.current}: {where(exc)}")
-    return max(report(model, names, pats, tr, returned), int(returned is None))
+        stopped = True
+        print(f"STOP in load_weights (last tensor read: {tr.current}): {where(exc)}")
+    return max(report(model, names, pats, tr, returned), int(stopped))

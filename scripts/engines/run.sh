@@ -2,10 +2,14 @@
 # Make the tiny source (indexer head 128, the only size the engines' kernels take), convert the outputs the README
 # tells users to serve, and run vllm_load.py and sglang_load.py on each, each engine in its own private venv
 # (never the project's). Usage: scripts/engines/run.sh WORKDIR
+# Existing venvs are reused when named: VENV_VLLM, VENV_SGLANG (not VLLM_* / SGLANG_*, which the engines read);
+# else WORKDIR/venv-vllm, WORKDIR/venv-sglang, made here when missing. FIMOE_PYTHON is the Python that has
+# fimoe_convert (default python3).
 set -euo pipefail
 work=${1:?usage: run.sh WORKDIR}
 here=$(cd "$(dirname "$0")" && pwd)
-venv=$work/venv-vllm
+py=${FIMOE_PYTHON:-python3}
+venv=${VENV_VLLM:-$work/venv-vllm}
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q torch==2.13.0
@@ -16,19 +20,23 @@ if [ ! -x "$venv/bin/python" ]; then
     partial-json-parser jsonschema watchfiles python-json-logger ninja ijson oss-harmony uvloop xgrammar \
     llguidance triton_kernels
 fi
-sg=$work/venv-sglang
+sg=${VENV_SGLANG:-$work/venv-sglang}
 if [ ! -x "$sg/bin/python" ]; then
   python3 -m venv "$sg"
-  "$sg/bin/pip" install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu
+  "$sg/bin/pip" install -q torch==2.14.1 torchvision==0.29.1  # SGLang 0.5.23 pins torch; its configs import torchvision
   "$sg/bin/pip" install -q --no-deps sglang==0.5.23 compressed-tensors loguru gguf openai sniffio \
     partial-json-parser apache-tvm-ffi pybase64 triton dill
   "$sg/bin/pip" install -q transformers safetensors attrs aiohttp starlette ipython pillow pyzmq pyyaml \
-    msgspec orjson psutil requests tqdm numpy pydantic fastapi einops
+    msgspec orjson psutil requests tqdm numpy pydantic fastapi uvicorn einops setproctitle
 fi
-[ -d "$work/src" ] || python3 scripts/make_fixture.py "$work/src" --preset tiny --index-head-dim 128
-for t in "bf16" "fp8_block --param scale_dtype=f32" "fp8_block"; do
+echo "fimoe-convert $("$py" -c 'import importlib.metadata as m; print(m.version("fimoe-convert"))' 2>/dev/null \
+  || echo '(source tree)'); $(date -u +%FT%TZ); $(uname -m), $(nproc) cores; no GPU unless the scripts say cuda=True"
+[ -d "$work/src" ] || "$py" "$here/../make_fixture.py" "$work/src" --preset tiny --index-head-dim 128
+for t in "bf16" "fp8_block --param scale_dtype=f32" "fp8_block" "bf16 --param dense=bf16"; do
   o=$work/out-$(echo "$t" | tr ' =' '__')
-  [ -d "$o" ] || fimoe-convert "$work/src" "$o" --target $t
-  "$venv/bin/python" "$here/vllm_load.py" "$o" || true
-  "$sg/bin/python" "$here/sglang_load.py" "$o" || true
+  [ -d "$o" ] || "$py" -m fimoe_convert.cli "$work/src" "$o" --target $t
+  echo "=== vllm_load.py $(basename "$o")"
+  "$venv/bin/python" "$here/vllm_load.py" "$o" && echo "exit 0" || echo "exit $?"
+  echo "=== sglang_load.py $(basename "$o")"
+  "$sg/bin/python" "$here/sglang_load.py" "$o" && echo "exit 0" || echo "exit $?"
 done
