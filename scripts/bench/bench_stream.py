@@ -3,11 +3,13 @@
 A local Hub server (127.0.0.1) serves a fixture checkpoint as the Hub does (resolve URLs with Range, the LFS
 sha256 in X-Linked-Etag, a tree listing), all connections together through one token bucket of --rate bytes per
 second. Timed, each with a fresh Hugging Face cache: a plain download of the shards (huggingface_hub's
-snapshot_download, 8 files at once), then `fimoe-convert REPO OUT --stream` for each target. The disk used
-(the cache plus OUT, polled with du) is sampled throughout; the peak is printed beside the output's size.
-Goal: --stream within 1.15x of the download, peak disk at most the output plus 1%.
+snapshot_download in a process of its own, as `hf download` runs it: 8 files at once), then `fimoe-convert REPO OUT
+--stream` for each target. The disk used (the cache plus OUT, polled with du) is sampled throughout; the peak is
+printed beside the output's size. Also printed: the floor of a conversion process (start-up and imports), and each
+run's time outside `convert()`. Goal: --stream within 1.15x of the download, peak disk at most the output plus 1%.
+The default fixture (1 layer, 96 experts: 1.4 GB) is big enough that a few seconds of start-up do not dominate.
 
-usage: python3 scripts/bench/bench_stream.py [--rate 200MB] [--layers 1] [--experts 16] [--work DIR]
+usage: python3 scripts/bench/bench_stream.py [--rate 50MB] [--layers 1] [--experts 96] [--work DIR]
        [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
        python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)"""
 
@@ -185,11 +187,21 @@ def stream(hub: Hub, cache: Path, out: Path, target: str, max_memory: str, how: 
     return json.loads(r.stdout)
 
 
+def import_floor() -> float:
+    """Seconds of the quickest of 3 `python -c 'import fimoe_convert.conversion'`: start-up and imports (torch)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import fimoe_convert.conversion"], check=True)
+        best = min(best, time.perf_counter() - t0)
+    return round(best, 2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", default="200MB", help="the link: bytes per second, all connections together")
+    ap.add_argument("--rate", default="50MB", help="the link: bytes per second, all connections together")
     ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--experts", type=int, default=96)
     ap.add_argument("--targets", default="bf16,fp8_block,megamoe_sm90_mxfp4")
     ap.add_argument("--max-memory", default="8GiB")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "fimoe-bench-stream"))
@@ -208,9 +220,14 @@ def main() -> None:
                           experts=args.experts)
     shard_bytes = sum(p.stat().st_size for p in src.glob("*.safetensors"))
     hub = Hub(src, parse_size(args.rate, "--rate"))
-    print(f"fixture: flash-geometry, {args.layers} layer(s), {args.experts} experts: {human(shard_bytes)} of shards; "
-          f"link {args.rate}/s; {os.cpu_count()} cores")
-    results = {"rate": args.rate, "shard_bytes": shard_bytes, "cores": os.cpu_count(), "runs": []}
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; fixture: flash-geometry, {args.layers} layer(s), "
+          f"{args.experts} experts: {human(shard_bytes)} of shards; link {args.rate}/s; {os.cpu_count()} cores; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    results = {"rate": args.rate, "shard_bytes": shard_bytes, "cores": os.cpu_count(), "runs": [],
+               "load_before": round(os.getloadavg()[0], 2)}
+    floor = import_floor()
+    results["import_floor"] = floor
+    print(f"a conversion process's floor (python -c 'import fimoe_convert.conversion', best of 3): {floor:.2f} s")
     cache = work / "cache-download"
     seconds, peak = timed(lambda: download(hub, cache), cache)
     results["download"] = {"seconds": round(seconds, 2), "peak_disk": peak}
@@ -237,10 +254,12 @@ def main() -> None:
         results["runs"].append(row)
         print(f"--stream {target}: {secs:.2f} s = {secs / seconds:.2f}x the download; peak disk {human(peak)} = "
               f"{peak / out_bytes:.4f}x the output ({human(out_bytes)}); fetched {human(res.get('bytes_fetched') or 0)}"
-              f"; source shards in the cache: {len(left)}; convert() itself {res['seconds']:.2f} s, stages "
-              f"{res['timings']}")
+              f"; source shards in the cache: {len(left)}; convert() itself {res['seconds']:.2f} s "
+              f"({res['seconds'] / seconds:.2f}x), outside it {secs - res['seconds']:.2f} s; stages {res['timings']}")
         shutil.rmtree(out)
         shutil.rmtree(cache)
+    results["load_after"] = round(os.getloadavg()[0], 2)
+    print(f"load average at the end {results['load_after']:.2f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

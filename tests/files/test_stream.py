@@ -6,13 +6,14 @@ The reference is the same repo downloaded first (a seeded Hugging Face cache, co
 import hashlib
 import json
 import re
+import socket
 import time
 
 import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
 from helpers.hub_files import HubFiles
-from test_upload import arrived, expected_files, hub  # noqa: F401 - `hub`: the fake Hub that takes uploads
+from test_upload import TOKEN, FakeHub, arrived, expected_files, hub  # noqa: F401 - `hub`: a Hub taking uploads
 
 import fimoe_convert.files.http_range as http_range
 from fimoe_convert import convert, verify
@@ -283,3 +284,42 @@ def test_cli_upload_repo_prints_where_it_went(hub, tiny_ckpt, tmp_path):  # noqa
     r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--upload-repo", "fimoe-test/tiny-bf16"])
     assert r.exit_code == 0, r.output
     assert re.search(rf"^uploaded 8 files, .* -> {re.escape(hub.url)}/fimoe-test/tiny-bf16$", r.output, re.M), r.output
+
+
+@pytest.fixture
+def one_hub(served, monkeypatch, tmp_path):
+    """`served` answering uploads too, at the same endpoint (as the real Hub does): the source repo's reads are its
+    own, every other request goes to a FakeHub. A token to write with; plain LFS; nothing beyond loopback."""
+    uploads = FakeHub()
+    uploads.server.server_close()  # its own server is never started: `served` answers for it
+    uploads.url, served.other = served.url, uploads
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    real_getaddrinfo, asked = socket.getaddrinfo, []
+
+    def loopback_only(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            asked.append(str(host))
+            raise OSError(f"no network beyond loopback (asked for {host})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    yield uploads
+    assert asked == []
+
+
+def test_stream_and_upload_repo_in_one_run(one_hub, served, tiny_ckpt, tmp_path, monkeypatch):
+    """`--stream --upload-repo` on one Hub endpoint: SRC's shards stream in (none on disk), and the repo receives
+    exactly OUT's files, byte for byte, which are the conversion of the downloaded repo."""
+    out, dest = tmp_path / "out", "fimoe-test/tiny-v4-bf16"
+    r = CliRunner().invoke(main, [REPO, str(out), "--stream", "--upload-repo", dest, "--shard-size", "4MB", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{"):])
+    assert got["upload"]["url"] == f"{served.url}/{dest}" and got["upload"]["files"] == len(expected_files(out))
+    assert arrived(one_hub, dest) == expected_files(out)
+    assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="4MB")  # by the library: no command line
+    assert same_files(out, ref) == ["README.md", "fimoe-manifest.json"]  # the card shows the CLI's command
+    assert all(q["auth"] == f"Bearer {TOKEN}" for q in one_hub.requests if "/lfs-storage/" not in q["path"])
