@@ -19,7 +19,7 @@ import fimoe_convert.files.http_range as http_range
 from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
-from fimoe_convert.files.stream import StreamedSource
+from fimoe_convert.files.stream import StreamedSource, end_early, open_streamed, stream_early
 from fimoe_convert.testing import seed_hub_cache
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
@@ -87,6 +87,31 @@ def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, tiny_c
     assert not list((tmp_path / "cache").rglob("*.safetensors"))  # no source shard on disk
     assert sorted(p.name for p in (tmp_path / "cache").rglob("snapshots/*/*")) == sorted(
         p.name for p in tiny_ckpt.iterdir() if p.suffix != ".safetensors")
+
+
+@pytest.mark.parametrize("cap", [64 << 20, 1 << 20])
+def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt, tmp_path, monkeypatch, cap):
+    """stream_early (the CLI's, while torch is imported) streams before the plan exists, keeping tensors within
+    `cap`: with room for all, every shard is verified before the conversion starts; with 1 MiB, the streams wait.
+    The conversion takes the source over: each shard streamed once, the shards verified early recorded, the same
+    output."""
+    shard_bytes = sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    stream_early(REPO, None, cap)
+    early = open_streamed(REPO, None)  # the source stream_early opened, which convert() takes
+    seen, deadline = -1, time.time() + 60
+    while early.fetched != seen and early.fetched < shard_bytes and time.time() < deadline:  # until it waits
+        seen = early.fetched
+        time.sleep(0.5)
+    assert (early.fetched == shard_bytes) == (cap > shard_bytes), early.fetched
+    out = tmp_path / "streamed"
+    try:
+        res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
+    finally:
+        end_early()
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    assert res.bytes_fetched == shard_bytes and early.fetched == shard_bytes
+    for s in SHARDS:
+        assert shard_gets(served, s).count(f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}") == 1
 
 
 def test_a_tight_memory_budget_reads_again_what_it_could_not_keep(served, tiny_ckpt, tmp_path, monkeypatch):
