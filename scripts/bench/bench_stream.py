@@ -11,7 +11,9 @@ The default fixture (1 layer, 96 experts: 1.4 GB) is big enough that a few secon
 
 usage: python3 scripts/bench/bench_stream.py [--rate 50MB] [--layers 1] [--experts 96] [--work DIR]
        [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
-       python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)"""
+       python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)
+       python3 scripts/bench/bench_stream.py --serve FOLDER [--repo ORG/NAME] [--commit SHA] [--rate 1GB]
+           (serve FOLDER as a Hub repo until killed, its URL on the first line: scripts/prebake/build_local.sh)"""
 
 from __future__ import annotations
 
@@ -52,10 +54,10 @@ class Bucket:
 
 
 class Hub:
-    """The fixture folder as REPO@COMMIT, served through one Bucket."""
+    """The fixture folder as repo@commit, served through one Bucket."""
 
-    def __init__(self, folder: Path, rate: float):
-        self.folder, self.bucket = folder, Bucket(rate)
+    def __init__(self, folder: Path, rate: float, repo: str = REPO, commit: str = COMMIT):
+        self.folder, self.bucket, self.repo, self.commit = folder, Bucket(rate), repo, commit
         self.sha = {p.name: _sha256(p) for p in folder.iterdir()}
         hub = self
 
@@ -78,12 +80,12 @@ class Hub:
 
     def serve(self, h, body: bool) -> None:
         path = unquote(urlsplit(h.path).path)
-        if path.startswith(f"/api/models/{REPO}/tree/"):
+        if path.startswith(f"/api/models/{self.repo}/tree/"):
             return self._send(h, 200, {"Content-Type": "application/json"}, json.dumps([
                 {"type": "file", "path": n, "size": (self.folder / n).stat().st_size, "oid": s[:40],
                  **({"lfs": {"oid": s, "size": (self.folder / n).stat().st_size, "pointerSize": 134}}
                     if n.endswith(".safetensors") else {})} for n, s in sorted(self.sha.items())]).encode())
-        m = re.fullmatch(rf"/{re.escape(REPO)}/resolve/[^/]+/(.+)", path)
+        m = re.fullmatch(rf"/{re.escape(self.repo)}/resolve/[^/]+/(.+)", path)
         if not m or m.group(1) not in self.sha:
             return self._send(h, 404, {"X-Error-Code": "EntryNotFound"}, b"")
         file = self.folder / m.group(1)
@@ -92,7 +94,7 @@ class Hub:
         rng = re.fullmatch(r"bytes=(\d+)-(\d*)", h.headers.get("Range", ""))
         if rng:
             start, end, status = int(rng.group(1)), min(int(rng.group(2) or size - 1), size - 1), 206
-        head = {"X-Repo-Commit": COMMIT, "ETag": f'"{sha[:40]}"', "Content-Length": str(end + 1 - start),
+        head = {"X-Repo-Commit": self.commit, "ETag": f'"{sha[:40]}"', "Content-Length": str(end + 1 - start),
                 "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size)}
         if status == 206:
             head["Content-Range"] = f"bytes {start}-{end}/{size}"
@@ -208,12 +210,20 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results as JSON to this file")
     ap.add_argument("--chart-from", default=None, help="draw the chart of an earlier --json FILE, then exit")
     ap.add_argument("--chart", default="docs/img/stream.png")
+    ap.add_argument("--serve", default=None, metavar="FOLDER", help="serve FOLDER as --repo@--commit until killed")
+    ap.add_argument("--repo", default=REPO)
+    ap.add_argument("--commit", default=COMMIT)
     args = ap.parse_args()
     if args.chart_from:
         return chart(json.loads(Path(args.chart_from).read_text()), Path(args.chart))
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fimoe_convert.sizes import human, parse_size
     from fimoe_convert.testing import fresh_folder, make_checkpoint
+
+    if args.serve:
+        hub = Hub(Path(args.serve), parse_size(args.rate, "--rate"), args.repo, args.commit)
+        print(hub.url, flush=True)
+        threading.Event().wait()
 
     work = fresh_folder(args.work)
     src = make_checkpoint(work / "src", "flash-geometry", fast=True, layers=args.layers, mtp=0,
