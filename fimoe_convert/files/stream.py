@@ -23,8 +23,8 @@ import hashlib
 import os
 import re
 import threading
-from concurrent.futures import Future
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import fields
 from pathlib import Path
 
