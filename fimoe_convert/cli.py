@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import gc
 import json
 import logging
 import os
@@ -236,12 +237,19 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
     params = {**_preset_params(ctx, flags["target"]), **_params(params)}  # --param wins over the preset's, by key
-    check_flags(params=params, **flags)  # before torch is imported (seconds) by the converters
+    memory = check_flags(params=params, **flags)[2]  # before torch is imported (seconds) by the converters
     from .files.hub_source import check_source
 
     check_source(src, flags["revision"], flags["offline"])
+    early = flags["stream"] and not (flags["dry_run"] or flags["resume"]) and os.environ.get("WORLD_SIZE", "1") == "1"
+    if early:  # the shards flow while torch is imported; the conversion takes the streams over
+        from .files.stream import check_stream_flags, end_early, stream_early
+
+        check_stream_flags(src, flags["offline"], flags["revision"])
+        stream_early(src, flags["revision"], memory.stream_bytes)
     from .conversion import convert
 
+    gc.freeze()  # the ~190k objects of the imports (torch) out of the collector's passes: at exit they took 1.5-2 s
     preset = ctx.meta.get(PRESET, {})
     ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
     progress = Progress("converting", enabled=not (quiet or as_json))
@@ -252,6 +260,8 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
                       config=preset.get("config"), **flags,
                       notice=None if quiet or as_json or not is_rank0() else lambda m: click.echo(m, err=True))
     finally:
+        if early:
+            end_early()
         checking.close()
         progress.close()
     if (not quiet or as_json) and is_rank0():  # under torchrun, rank 0 speaks for all

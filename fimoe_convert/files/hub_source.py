@@ -63,6 +63,7 @@ def download(spec: str, revision: str | None) -> dict:
 
 
 HUB_PROBE_TIMEOUT_S = 5.0  # seconds for the first request to the Hub (a HEAD of config.json)
+_REACHED: set[tuple[str, str, str | None]] = set()  # (endpoint, repo, revision) that answered reach_hub in this process
 
 
 def _is_repo_id(spec: str) -> bool:
@@ -186,8 +187,11 @@ def reach_hub(repo_id: str, revision: str | None) -> None:
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
+    if (constants.ENDPOINT, repo_id, revision) in _REACHED:  # the CLI's early check: not asked again by the library
+        return
     try:
         get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision), timeout=HUB_PROBE_TIMEOUT_S)
+        _REACHED.add((constants.ENDPOINT, repo_id, revision))
     except HfHubHTTPError as e:  # the Hub answered; its X-Error-Code says what it has not (not every version maps it)
         response = getattr(e, "response", None)
         code = response.headers.get("X-Error-Code", "") if response is not None else ""

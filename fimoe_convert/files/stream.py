@@ -11,7 +11,11 @@ asked for, fetched again by range and compared with that hash, so every byte con
 its sha256, or hold all out-of-order bytes until the gap before them filled.)
 
 An output shard converted from a source shard not yet verified is written but recorded as finished only once
-every source shard it read is verified; a mismatch stops the run naming the shard and deletes those outputs."""
+every source shard it read is verified; a mismatch stops the run naming the shard and deletes those outputs.
+
+`stream_early` opens SRC and begins the streams (shards in index order, tensors kept within the cap) on a thread
+while the caller imports the converters (torch: seconds); the conversion's `open_streamed` takes that source
+over, and `start` then gives the streams the plan's order and drops what the plan does not read."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import fields
 from pathlib import Path
 
@@ -56,9 +61,43 @@ class _Remote:
         self.skipped: dict[str, bytes] = {}  # tensor -> blake2b of the bytes streamed past, not kept
 
 
+_EARLY: dict[tuple[str, str | None], Future] = {}  # stream_early's sources, until open_streamed takes them
+
+
+def stream_early(spec: str, revision: str | None, cap: int) -> None:
+    """Open SRC `spec` and begin its streams on a thread now (holding at most `cap` bytes of tensors); the next
+    `open_streamed(spec, revision)` returns that source (or raises its error)."""
+    future: Future = Future()
+    _EARLY[(spec, revision)] = future
+
+    def run() -> None:
+        try:
+            source = _open_streamed(spec, revision)
+            source._start_early(cap)
+            future.set_result(source)
+        except BaseException as e:  # noqa: BLE001 - raised where the conversion opens SRC
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="fimoe-stream-early", daemon=True).start()
+
+
+def end_early() -> None:
+    """Stop the streams stream_early began (taken over or not): after the conversion, or when it failed early."""
+    for future in list(_EARLY.values()):
+        if future.done() and future.exception() is None:
+            future.result().close()
+    _EARLY.clear()
+
+
 def open_streamed(spec: str, revision: str | None) -> "StreamedSource":
     """SRC `spec` (a Hub repo id) for --stream: the small files (config, index, tokenizer...) into the Hugging Face
-    cache, each shard's header and LFS record read from the Hub; no shard is downloaded."""
+    cache, each shard's header and LFS record read from the Hub; no shard is downloaded. The source stream_early
+    opened, where there is one."""
+    early = _EARLY.get((spec, revision))
+    return early.result() if early is not None else _open_streamed(spec, revision)
+
+
+def _open_streamed(spec: str, revision: str | None) -> "StreamedSource":
     import huggingface_hub
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -113,7 +152,7 @@ class StreamedSource(Source):
             raise ValidationError(summarized(problems, "shard records could not be read from the Hub"))
         self._shards: dict[str, _Remote] = {rel: r for rel, (r, _) in got.items()}
         self._cv = threading.Condition()
-        self._cache: dict[str, object] = {}  # tensor -> uint8 CPU tensor, kept until read `_left` bytes
+        self._cache: dict[str, bytearray] = {}  # tensor -> its bytes, kept until read `_left` bytes
         self._left: dict[str, int] = {}
         self._waiting: dict[str, int] = {}
         self._used = self._cap = 0
@@ -121,7 +160,8 @@ class StreamedSource(Source):
         self._sha: dict[str, str] = {}  # verified shards
         self._pending: list[tuple[set[str], Path, Callable[[], None]]] = []
         self._error: BaseException | None = None
-        self._closed = self._started = False
+        self._closed = self._started = self._early = False
+        self._planned = False  # `_left` holds the plan's reads (before, early streams keep every tensor)
         self._on_verified: Callable[[str, str], None] = lambda rel, sha: None
         self.fetched = 0  # bytes received from the Hub, over all streams and re-reads
         for rel in self.remote:  # no local file: the identity of a Hub file at a pinned commit is its size
@@ -154,11 +194,15 @@ class StreamedSource(Source):
         sha256)` as each shard is verified. A shard none of whose tensors is read and whose sha256 was verified
         before is not fetched at all."""
         order: dict[str, int] = {}
+        left: dict[str, int] = {}
         for i, (name, n) in enumerate(reads):
             rel = self.weight_map[name]
             if rel in self._shards:
-                self._left[name] = self._left.get(name, 0) + n
+                left[name] = left.get(name, 0) + n
                 order.setdefault(rel, i)
+        if self._early:
+            return self._plan_early(left, order, cap, on_verified)
+        self._left, self._planned = left, True
         self._cap, self._on_verified, self._started = cap, on_verified, True
         for rel, shard in self._shards.items():
             old = carried.get(rel)
@@ -173,6 +217,28 @@ class StreamedSource(Source):
                              key=lambda r: (order.get(r, len(reads)), r))
         for i in range(min(CONNECTIONS, len(self._queue))):
             threading.Thread(target=self._worker, name=f"fimoe-stream{i}", daemon=True).start()
+
+    def _start_early(self, cap: int) -> None:
+        """Begin streaming before the plan is known: shards in index order, every tensor kept within `cap`."""
+        with self._cv:
+            self._cap, self._early = cap, True
+            self._queue = sorted(self._shards)
+        for i in range(min(CONNECTIONS, len(self._queue))):
+            threading.Thread(target=self._worker, name=f"fimoe-stream{i}", daemon=True).start()
+
+    def _plan_early(self, left: dict[str, int], order: dict[str, int], cap: int, on_verified) -> None:
+        """The plan reaches early streams: the shards not begun in its order, tensors it does not read dropped,
+        the shards verified so far recorded."""
+        with self._cv:
+            self._left, self._planned, self._started, self._on_verified = left, True, True, on_verified
+            self._cap = cap
+            for name in [n for n in self._cache if not left.get(n)]:
+                self._used -= len(self._cache.pop(name))
+            self._queue.sort(key=lambda r: (order.get(r, len(order)), r))
+            done = dict(self._sha)
+            self._cv.notify_all()
+        for rel, sha in done.items():
+            on_verified(rel, sha)
 
     def _worker(self, rel: str | None = None) -> None:
         """Stream queued shards one after another; given `rel` (asked for before its turn): that shard only."""
@@ -245,13 +311,14 @@ class StreamedSource(Source):
         start, end, name = span
         cur.update(name=name, start=start, end=end)
         n = end - start
-        if not self._left.get(name):
-            return  # not read by this run: hashed with the shard only
+        unread = lambda: self._planned and not self._left.get(name)  # noqa: E731 - not read by this run
         with self._cv:
-            self._cv.wait_for(lambda: self._closed or name in self._waiting or self._used + n <= self._cap
+            self._cv.wait_for(lambda: self._closed or unread() or name in self._waiting or self._used + n <= self._cap
                               or self._used == 0 or any(w in shard.names for w in self._waiting))
             if self._closed:
                 raise Stop
+            if unread():
+                return  # hashed with the shard only
             if name in self._waiting or self._used + n <= self._cap or self._used == 0:
                 self._used += n
                 cur["buf"] = bytearray(n)
@@ -259,13 +326,12 @@ class StreamedSource(Source):
                 cur["blake"] = hashlib.blake2b(digest_size=32)
 
     def _end(self, shard: _Remote, cur: dict) -> None:
-        import torch
-
+        # bytes, not a tensor: an early stream must not wait for the import of torch
         with self._cv:
-            if "buf" in cur:
-                buf = cur["buf"]
-                self._cache[cur["name"]] = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(
-                    0, dtype=torch.uint8)
+            if "buf" in cur and self._planned and not self._left.get(cur["name"]):
+                self._used -= len(cur["buf"])  # kept before the plan came, which does not read it
+            elif "buf" in cur:
+                self._cache[cur["name"]] = cur["buf"]
             elif "blake" in cur:
                 shard.skipped[cur["name"]] = cur["blake"].digest()
             self._cv.notify_all()
@@ -276,8 +342,9 @@ class StreamedSource(Source):
             self._sha[shard.rel] = sha
             ready = [p for p in self._pending if p[0] <= set(self._sha)]
             self._pending = [p for p in self._pending if p not in ready]
+            on_verified = self._on_verified  # read here: `_plan_early` records the shards verified before it
             self._cv.notify_all()
-        self._on_verified(shard.rel, sha)
+        on_verified(shard.rel, sha)
         for _, _, fn in ready:
             fn()
 
@@ -352,21 +419,22 @@ class StreamedSource(Source):
                     del self._waiting[name]
         if name not in self._cache:
             self._refetch(shard, name)
+        import torch
+
         with self._cv:
-            data = self._cache[name]
+            buf = self._cache[name]
             self._left[name] -= end - start
             last = self._left[name] <= 0
             if last:
                 del self._cache[name]
-                self._used -= data.numel()
+                self._used -= len(buf)
                 self._cv.notify_all()
-        whole = start == 0 and end == data.numel()
+        data = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+        whole = start == 0 and end == len(buf)
         return data if whole and last else data[start:end].clone()
 
     def _refetch(self, shard: _Remote, name: str) -> None:
         """Fetch `name` again by range into memory, refused unless it is the bytes its stream hashed."""
-        import torch
-
         info = self.info(name)
         buf, at = bytearray(info.nbytes), 0
 
@@ -384,8 +452,7 @@ class StreamedSource(Source):
             raise self._error
         with self._cv:
             if name not in self._cache:
-                empty = torch.empty(0, dtype=torch.uint8)
-                self._cache[name] = torch.frombuffer(buf, dtype=torch.uint8) if buf else empty
+                self._cache[name] = buf
                 self._used += info.nbytes
 
     def read_raw(self, name: str, out=None):

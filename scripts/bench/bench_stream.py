@@ -3,13 +3,17 @@
 A local Hub server (127.0.0.1) serves a fixture checkpoint as the Hub does (resolve URLs with Range, the LFS
 sha256 in X-Linked-Etag, a tree listing), all connections together through one token bucket of --rate bytes per
 second. Timed, each with a fresh Hugging Face cache: a plain download of the shards (huggingface_hub's
-snapshot_download, 8 files at once), then `fimoe-convert REPO OUT --stream` for each target. The disk used
-(the cache plus OUT, polled with du) is sampled throughout; the peak is printed beside the output's size.
-Goal: --stream within 1.15x of the download, peak disk at most the output plus 1%.
+snapshot_download in a process of its own, as `hf download` runs it: 8 files at once), then `fimoe-convert REPO OUT
+--stream` for each target. The disk used (the cache plus OUT, polled with du) is sampled throughout; the peak is
+printed beside the output's size. Also printed: the floor of a conversion process (start-up and imports), and each
+run's time outside `convert()`. Goal: --stream within 1.15x of the download, peak disk at most the output plus 1%.
+The default fixture (1 layer, 96 experts: 1.4 GB) is big enough that a few seconds of start-up do not dominate.
 
-usage: python3 scripts/bench/bench_stream.py [--rate 200MB] [--layers 1] [--experts 16] [--work DIR]
+usage: python3 scripts/bench/bench_stream.py [--rate 50MB] [--layers 1] [--experts 96] [--work DIR]
        [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
-       python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)"""
+       python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)
+       python3 scripts/bench/bench_stream.py --serve FOLDER [--repo ORG/NAME] [--commit SHA] [--rate 1GB]
+           (serve FOLDER as a Hub repo until killed, its URL on the first line: scripts/prebake/build_local.sh)"""
 
 from __future__ import annotations
 
@@ -50,10 +54,10 @@ class Bucket:
 
 
 class Hub:
-    """The fixture folder as REPO@COMMIT, served through one Bucket."""
+    """The fixture folder as repo@commit, served through one Bucket."""
 
-    def __init__(self, folder: Path, rate: float):
-        self.folder, self.bucket = folder, Bucket(rate)
+    def __init__(self, folder: Path, rate: float, repo: str = REPO, commit: str = COMMIT):
+        self.folder, self.bucket, self.repo, self.commit = folder, Bucket(rate), repo, commit
         self.sha = {p.name: _sha256(p) for p in folder.iterdir()}
         hub = self
 
@@ -76,12 +80,12 @@ class Hub:
 
     def serve(self, h, body: bool) -> None:
         path = unquote(urlsplit(h.path).path)
-        if path.startswith(f"/api/models/{REPO}/tree/"):
+        if path.startswith(f"/api/models/{self.repo}/tree/"):
             return self._send(h, 200, {"Content-Type": "application/json"}, json.dumps([
                 {"type": "file", "path": n, "size": (self.folder / n).stat().st_size, "oid": s[:40],
                  **({"lfs": {"oid": s, "size": (self.folder / n).stat().st_size, "pointerSize": 134}}
                     if n.endswith(".safetensors") else {})} for n, s in sorted(self.sha.items())]).encode())
-        m = re.fullmatch(rf"/{re.escape(REPO)}/resolve/[^/]+/(.+)", path)
+        m = re.fullmatch(rf"/{re.escape(self.repo)}/resolve/[^/]+/(.+)", path)
         if not m or m.group(1) not in self.sha:
             return self._send(h, 404, {"X-Error-Code": "EntryNotFound"}, b"")
         file = self.folder / m.group(1)
@@ -90,7 +94,7 @@ class Hub:
         rng = re.fullmatch(r"bytes=(\d+)-(\d*)", h.headers.get("Range", ""))
         if rng:
             start, end, status = int(rng.group(1)), min(int(rng.group(2) or size - 1), size - 1), 206
-        head = {"X-Repo-Commit": COMMIT, "ETag": f'"{sha[:40]}"', "Content-Length": str(end + 1 - start),
+        head = {"X-Repo-Commit": self.commit, "ETag": f'"{sha[:40]}"', "Content-Length": str(end + 1 - start),
                 "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size)}
         if status == 206:
             head["Content-Range"] = f"bytes {start}-{end}/{size}"
@@ -185,17 +189,30 @@ def stream(hub: Hub, cache: Path, out: Path, target: str, max_memory: str, how: 
     return json.loads(r.stdout)
 
 
+def import_floor() -> float:
+    """Seconds of the quickest of 3 `python -c 'import fimoe_convert.conversion'`: start-up and imports (torch)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import fimoe_convert.conversion"], check=True)
+        best = min(best, time.perf_counter() - t0)
+    return round(best, 2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", default="200MB", help="the link: bytes per second, all connections together")
+    ap.add_argument("--rate", default="50MB", help="the link: bytes per second, all connections together")
     ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--experts", type=int, default=96)
     ap.add_argument("--targets", default="bf16,fp8_block,megamoe_sm90_mxfp4")
     ap.add_argument("--max-memory", default="8GiB")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "fimoe-bench-stream"))
     ap.add_argument("--json", default=None, help="write the results as JSON to this file")
     ap.add_argument("--chart-from", default=None, help="draw the chart of an earlier --json FILE, then exit")
     ap.add_argument("--chart", default="docs/img/stream.png")
+    ap.add_argument("--serve", default=None, metavar="FOLDER", help="serve FOLDER as --repo@--commit until killed")
+    ap.add_argument("--repo", default=REPO)
+    ap.add_argument("--commit", default=COMMIT)
     args = ap.parse_args()
     if args.chart_from:
         return chart(json.loads(Path(args.chart_from).read_text()), Path(args.chart))
@@ -203,14 +220,24 @@ def main() -> None:
     from fimoe_convert.sizes import human, parse_size
     from fimoe_convert.testing import fresh_folder, make_checkpoint
 
+    if args.serve:
+        hub = Hub(Path(args.serve), parse_size(args.rate, "--rate"), args.repo, args.commit)
+        print(hub.url, flush=True)
+        threading.Event().wait()
+
     work = fresh_folder(args.work)
     src = make_checkpoint(work / "src", "flash-geometry", fast=True, layers=args.layers, mtp=0,
                           experts=args.experts)
     shard_bytes = sum(p.stat().st_size for p in src.glob("*.safetensors"))
     hub = Hub(src, parse_size(args.rate, "--rate"))
-    print(f"fixture: flash-geometry, {args.layers} layer(s), {args.experts} experts: {human(shard_bytes)} of shards; "
-          f"link {args.rate}/s; {os.cpu_count()} cores")
-    results = {"rate": args.rate, "shard_bytes": shard_bytes, "cores": os.cpu_count(), "runs": []}
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; fixture: flash-geometry, {args.layers} layer(s), "
+          f"{args.experts} experts: {human(shard_bytes)} of shards; link {args.rate}/s; {os.cpu_count()} cores; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    results = {"rate": args.rate, "shard_bytes": shard_bytes, "cores": os.cpu_count(), "runs": [],
+               "load_before": round(os.getloadavg()[0], 2)}
+    floor = import_floor()
+    results["import_floor"] = floor
+    print(f"a conversion process's floor (python -c 'import fimoe_convert.conversion', best of 3): {floor:.2f} s")
     cache = work / "cache-download"
     seconds, peak = timed(lambda: download(hub, cache), cache)
     results["download"] = {"seconds": round(seconds, 2), "peak_disk": peak}
@@ -237,18 +264,21 @@ def main() -> None:
         results["runs"].append(row)
         print(f"--stream {target}: {secs:.2f} s = {secs / seconds:.2f}x the download; peak disk {human(peak)} = "
               f"{peak / out_bytes:.4f}x the output ({human(out_bytes)}); fetched {human(res.get('bytes_fetched') or 0)}"
-              f"; source shards in the cache: {len(left)}; convert() itself {res['seconds']:.2f} s, stages "
-              f"{res['timings']}")
+              f"; source shards in the cache: {len(left)}; convert() itself {res['seconds']:.2f} s "
+              f"({res['seconds'] / seconds:.2f}x), outside it {secs - res['seconds']:.2f} s; stages {res['timings']}")
         shutil.rmtree(out)
         shutil.rmtree(cache)
+    results["load_after"] = round(os.getloadavg()[0], 2)
+    print(f"load average at the end {results['load_after']:.2f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
 
 def chart(results: dict, png: Path) -> None:
-    """Wall seconds of `download, then convert --offline` and of `--stream` per target (split into the stream and
-    conversion, opening SRC on the Hub, and the process's start), and peak disk over the output's size."""
+    """Wall seconds of `download, then convert --offline` and of `--stream` per target (split into `convert()` and
+    the rest of the process: start-up and imports, while the streams already run, and exit), against the plain
+    download and the 1.15x goal; and peak disk over the output's size."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,10 +292,9 @@ def chart(results: dict, png: Path) -> None:
             rows.append((f"download, then {r['target']}", [(down, "#8172b2", "plain download"),
                                                            (first["seconds"], "#c6c6c6", "convert --offline (wall)")]))
         rows.append((f"--stream {r['target']}", [
-            (r["convert_seconds"] - r["timings"]["start"], "#4c72b0", "--stream: stream and convert"),
-            (r["timings"]["start"], "#dd8452", "--stream: open SRC on the Hub"),
-            (r["seconds"] - r["convert_seconds"], "#e5e5e5", "process start (imports)")]))
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1.4]})
+            (r["convert_seconds"], "#4c72b0", "--stream: convert()"),
+            (r["seconds"] - r["convert_seconds"], "#dd8452", "--stream: start-up, imports (streams running), exit")]))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 1.4]})
     seen = set()
     for i, (_, parts) in enumerate(rows):
         left = 0.0
@@ -273,12 +302,15 @@ def chart(results: dict, png: Path) -> None:
             ax.barh(i, secs, left=left, color=color, label=None if label in seen else label)
             seen.add(label)
             left += secs
+    ax.axvline(down, color="k", lw=1)
+    ax.axvline(1.15 * down, color="k", ls="--", lw=1, label="goal: 1.15x the download")
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (wall)")
-    ax.set_title(f"{results['shard_bytes'] / 1e6:.0f} MB of shards over a {results['rate']}/s cap, "
-                 f"{results['cores']} cores", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    load = f", load average {results['load_before']}-{results['load_after']}" if "load_before" in results else ""
+    ax.set_title(f"{results['shard_bytes'] / 1e9:.2f} GB of shards over a {results['rate']}/s cap, "
+                 f"{results['cores']} cores{load}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     runs = results["runs"]
     bx.barh(range(len(runs)), [r["peak_over_out"] for r in runs], color="#55a868")
     bx.axvline(1.01, color="k", ls="--", lw=1)
@@ -290,6 +322,7 @@ def chart(results: dict, png: Path) -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     print(f"chart: {png}")
+
 
 if __name__ == "__main__":
     main()

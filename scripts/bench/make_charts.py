@@ -13,6 +13,7 @@ Reads (every file is optional; a chart whose data is missing is skipped, with a 
     benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
     benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl
         bench_convert.py --json on the H200 at V4 geometry
+    benchmarks/results/stream-cpu2-50MBps-1.3GB.json                   bench_stream.py --json (--stream vs download)
     docs/img/terminal-convert.txt                            a tmux capture-pane of a conversion in progress
 Writes docs/img/*.png, and (unless --no-docs) the table between the `h200-v4-geometry` markers in
 docs/PERFORMANCE.md, from the V4-geometry files ("not yet measured" when there are none).
@@ -265,6 +266,17 @@ def chart_startup(ev: Path, out: Path, made: list[str]) -> None:
     save(fig, out, "startup.png", made)
 
 
+def chart_stream(ev: Path, out: Path, made: list[str]) -> None:
+    """--stream against a plain download: bench_stream.py draws it (one chart, one place)."""
+    results = jsonf(ev / "stream-cpu2-50MBps-1.3GB.json")
+    if results is None:
+        return skip("stream.png", "no benchmarks/results/stream-cpu2-50MBps-1.3GB.json")
+    from bench_stream import chart
+
+    chart(results, out / "stream.png")
+    made.append("stream.png")
+
+
 def chart_peers(ev: Path, out: Path, made: list[str]) -> None:
     p = jsonf(ev / "cpu" / "2026-12-01-peers.json")
     if not p:
@@ -505,6 +517,7 @@ def main() -> None:
     chart_decode(ev, out, made)
     chart_startup(ev, out, made)
     chart_peers(ev, out, made)
+    chart_stream(ev, out, made)
     rows_v4 = v4_geometry(ev)
     chart_v4_geometry(rows_v4, out, made)
     diagram_pipeline(out, made)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build scripts/prebake/Dockerfile without a Docker engine or an image registry (buildah, vfs storage,
-# chroot isolation, a debootstrap base image), convert a tiny fixture in it, verify it; build again with
-# --no-cache and a third time with no network (the conversion re-runs): the model layer's digest stays.
+# chroot isolation, a debootstrap base image): a tiny fixture served by a local Hub (127.0.0.1, which chroot
+# isolation shares) is converted with --stream in the build, verified; built again with --no-cache (streamed
+# again), and a third time from a Hugging Face cache with no network at all: the model layer's digest stays.
 #   scripts/prebake/build_local.sh          (as root; needs: apt-get install -y buildah debootstrap)
 # Environment: FIMOE_PREBAKE_CACHE (base rootfs, kept between runs), FIMOE_PREBAKE_WORK (fixture),
 # DEBIAN_MIRROR (default: the one apt's sources name), TORCH_INDEX (default: the CPU index, if reachable).
@@ -14,7 +15,8 @@ WORK=${FIMOE_PREBAKE_WORK:-${TMPDIR:-/tmp}/fimoe-prebake}
 SUITE=bookworm                                  # its python3 is 3.11: torch's cp311 wheel fits
 BASE=localhost/fimoe-base:$SUITE
 IMAGE=localhost/fimoe-prebake-demo
-MODEL=fimoe-fixtures/DeepSeek-V4-Tiny           # a repo id that exists only in the fixture's cache
+MODEL=fimoe-fixtures/DeepSeek-V4-Tiny           # a repo id that exists only on the local Hub and in the cache
+COMMIT=c0ffeec0ffeec0ffeec0ffeec0ffeec0ffeec0ff   # its commit on both (seed_hub_cache's default)
 TORCH_VERSION=2.13.0+cpu
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 B=(buildah --storage-driver vfs)                # vfs: no overlay mounts inside this container
@@ -86,22 +88,30 @@ fi
 ls -l "$REPO"/scripts/prebake/wheels/*.whl 2>/dev/null || true
 
 # ---------------------------------------------------------------------------- fixture: a HF cache
-step "fixture: $MODEL in a Hugging Face cache"
+step "fixture: $MODEL on a local Hub and in a Hugging Face cache"
 rm -rf "$WORK" && mkdir -p "$WORK"
-PYTHONPATH=$REPO python3 - "$WORK" "$MODEL" <<'EOF'
+PYTHONPATH=$REPO python3 - "$WORK" "$MODEL" "$COMMIT" <<'EOF'
 import sys
 from pathlib import Path
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
-work, model = Path(sys.argv[1]), sys.argv[2]
-print("snapshot:", seed_hub_cache(make_checkpoint(work / "ckpt", "tiny"), work / "hf-cache", model))
+work, model, commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+print("snapshot:", seed_hub_cache(make_checkpoint(work / "ckpt", "tiny"), work / "hf-cache", model, commit))
 EOF
+PYTHONPATH=$REPO python3 "$REPO/scripts/bench/bench_stream.py" --serve "$WORK/ckpt" --repo "$MODEL" --commit "$COMMIT" \
+    --rate 1GB > "$WORK/hub.url" 2> "$WORK/hub.log" &
+HUB_PID=$!
+trap 'kill "$HUB_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.2; done
+HUB=$(head -n 1 "$WORK/hub.url")
+[ -n "$HUB" ] || die "the local Hub did not start (log: $(tail -n 3 "$WORK/hub.log" | tr '\n' ' ')); expected its URL in $WORK/hub.url"
+echo "local Hub: $HUB serves $MODEL@$COMMIT"
 
 # ---------------------------------------------------------------------------- build three times
 build() {  # build TAG [buildah options]: --layers (one layer per instruction), docker format (keeps HEALTHCHECK)
     local tag=$1; shift
     "${B[@]}" bud --layers --force-rm --format docker "$@" \
-        -f "$REPO/scripts/prebake/Dockerfile" --build-context "hf-cache=$WORK/hf-cache" \
-        --build-arg "PYTHON_IMAGE=$BASE" --build-arg "MODEL=$MODEL" \
+        -f "$REPO/scripts/prebake/Dockerfile" \
+        --build-arg "PYTHON_IMAGE=$BASE" --build-arg "MODEL=$MODEL" --build-arg "REVISION=$COMMIT" \
         --build-arg "TORCH_INDEX=$TORCH_INDEX" --build-arg "TORCH_VERSION=$TORCH_VERSION" \
         --build-arg FLASHINFER= -t "$IMAGE:$tag" "$REPO"
 }
@@ -120,22 +130,22 @@ if len(hist) != len(ids):
 for i, h in zip(ids, hist):
     print(i, h.split("#(nop) ")[-1].split(" /bin/sh -c ")[-1][:60])' "$1"
 }
-step "build 1"
-t0=$SECONDS; build 1 2>&1 | stamp; t1=$((SECONDS - t0))
-step "build 2 (--no-cache: every step runs again, the conversion included)"
-t0=$SECONDS; build 2 --no-cache 2>&1 | stamp; t2=$((SECONDS - t0))
+step "build 1 ($MODEL streamed from the local Hub)"
+t0=$SECONDS; build 1 --build-arg "HF_ENDPOINT=$HUB" 2>&1 | stamp; t1=$((SECONDS - t0))
+step "build 2 (--no-cache: every step runs again, the streamed conversion included)"
+t0=$SECONDS; build 2 --no-cache --build-arg "HF_ENDPOINT=$HUB" 2>&1 | stamp; t2=$((SECONDS - t0))
 # buildah's chroot isolation ignores --network none; a new network namespace around buildah does not.
-# CONVERT_ARGS=-q changes the conversion step only: it re-runs on build 2's cached layers, offline.
-step "build 3 (no network at all: unshare -n; the conversion step re-runs, CONVERT_ARGS=-q)"
+# The hf-cache context (and no HF_ENDPOINT) changes the conversion step only: it re-runs on build 2's layers.
+step "build 3 (from the hf-cache context, no network at all: unshare -n; the conversion step re-runs)"
 t0=$SECONDS
 unshare -n true || die "unshare -n failed; expected a new network namespace (root with CAP_SYS_ADMIN); run as root outside a restricted container"
-unshare -n bash -c "set -o pipefail; $(declare -p B REPO WORK BASE MODEL TORCH_INDEX TORCH_VERSION IMAGE); $(declare -f build stamp); build 3 --build-arg CONVERT_ARGS=-q 2>&1 | stamp"
+unshare -n bash -c "set -o pipefail; $(declare -p B REPO WORK BASE MODEL COMMIT TORCH_INDEX TORCH_VERSION IMAGE); $(declare -f build stamp); build 3 --build-context hf-cache=$WORK/hf-cache --build-arg CONVERT_ARGS=-q 2>&1 | stamp"
 t3=$((SECONDS - t0))
 
 # ---------------------------------------------------------------------------- run the image
 step "run $IMAGE:2"
 ctr=$("${B[@]}" from "$IMAGE:2")
-trap '"${B[@]}" rm "$ctr" >/dev/null' EXIT
+trap '"${B[@]}" rm "$ctr" >/dev/null; kill "$HUB_PID" 2>/dev/null || true' EXIT
 "${B[@]}" run "$ctr" -- fimoe-convert verify /models/out
 health=$("${B[@]}" inspect --type image "$IMAGE:2" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Docker"]["config"]["Healthcheck"]["Test"][-1])')
 echo "HEALTHCHECK CMD sh -c '$health'"
@@ -155,9 +165,9 @@ for a, b in zip(one, two):
     print("  " + ("same   " if da == db else "differs"), da[:19], db[:19], what)
 ' "$WORK/layers.1" "$WORK/layers.2"
 m1=$(tail -n 1 "$WORK/layers.1" | cut -d' ' -f1); m2=$(tail -n 1 "$WORK/layers.2" | cut -d' ' -f1); m3=$(tail -n 1 "$WORK/layers.3" | cut -d' ' -f1)
-echo "model layer, build 1 (${t1}s):                        $m1"
-echo "model layer, build 2 (${t2}s, --no-cache):            $m2"
-echo "model layer, build 3 (${t3}s, offline re-conversion): $m3"
+echo "model layer, build 1 (${t1}s, streamed):                   $m1"
+echo "model layer, build 2 (${t2}s, streamed, --no-cache):       $m2"
+echo "model layer, build 3 (${t3}s, from the cache, no network): $m3"
 [ "$m1" = "$m2" ] && [ "$m2" = "$m3" ] \
     || die "the model layer differs between builds ($m1, $m2, $m3); expected one digest; compare the layers' files: buildah push -D IMAGE oci:DIR, then tar -tvf --full-time on the last layer's blob"
 echo "model layer: same digest in all three builds"

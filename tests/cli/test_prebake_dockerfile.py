@@ -88,13 +88,16 @@ def problems(text: str) -> list[str]:
         p.append(f"global ARG PYTHON_IMAGE defaults to {g.get('PYTHON_IMAGE')!r}; expected python:3.11-slim for users")
     if "SERVE_IMAGE" not in g:
         p.append("no global ARG SERVE_IMAGE (the engine image that serves)")
-    if [(s[0], s[1]) for s in st] != [("convert", "${PYTHON_IMAGE}"), ("serve", "${SERVE_IMAGE}")]:
+    want = [("hf-cache", "scratch"), ("convert", "${PYTHON_IMAGE}"), ("serve", "${SERVE_IMAGE}")]
+    if [(s[0], s[1]) for s in st] != want:
         p.append(
             f"stages {[(s[0], s[1]) for s in st]}; "
-            "expected convert from ${PYTHON_IMAGE}, then serve from ${SERVE_IMAGE}"
+            "expected an empty hf-cache from scratch, convert from ${PYTHON_IMAGE}, then serve from ${SERVE_IMAGE}"
         )
         return p
-    (_, _, conv), (_, _, serve) = st
+    (_, _, cache), (_, _, conv), (_, _, serve) = st
+    if cache:
+        p.append(f"line {cache[0][0]}: the hf-cache stage has instructions; expected it empty (MODEL streamed)")
     deps = [d for d in pyproject_deps() if not d.startswith(("torch", "flashinfer"))]
     flashinfer = pyproject()["optional-dependencies"]["flashinfer"]
     for name, body in (("convert", conv), ("serve", serve)):
@@ -139,10 +142,14 @@ def problems(text: str) -> list[str]:
         n, args = conversion[0]
         needs = {"--mount=type=bind,from=hf-cache,target=/hf-cache": "the cache bind-mounted from the hf-cache context",
                  "HF_HUB_OFFLINE=1": "HF_HUB_OFFLINE=1", "HF_HUB_CACHE=/hf-cache": "HF_HUB_CACHE=/hf-cache",
-                 "HTTPS_PROXY=http://127.0.0.1:9": "proxies that lead nowhere", " --offline ": "--offline",
+                 "HTTPS_PROXY=http://127.0.0.1:9": "proxies that lead nowhere", "set -- --offline;": "--offline",
+                 "set -- --stream;": "--stream when no hf-cache context holds MODEL",
+                 '/layer/models/out "$@" ': "the source flag passed to the conversion",
                  " --device cpu ": "--device cpu", "fimoe-convert verify /layer/models/out": "a verify of OUT",
                  "find /layer -exec touch -h -d @0 {} +": "fixed mtimes (touch -d @0) of OUT and /models"}
         p += [f"line {n}: conversion step lacks {why}" for key, why in needs.items() if key not in args]
+        if re.search(r"HF_HUB_CACHE=/layer", args):
+            p.append(f"line {n}: a Hugging Face cache under /layer: the model layer would hold it")
         if re.search(r"from=hf-cache[^ ]*,rw", args):
             p.append(f"line {n}: the hf-cache mount is rw; buildah writes through to the host's cache")
         if "pip" in args or "curl" in args or "wget" in args:
@@ -205,6 +212,10 @@ MUTATIONS = {
     "mtimes of OUT only": ("find /layer -exec", "find /layer/models/out -exec"),
     "a dependency less": ('"packaging>=22" "tqdm>=4.66" ${FLASHINFER}', '"tqdm>=4.66" ${FLASHINFER}'),
     "MODEL with a default": ("ARG MODEL REVISION=", "ARG MODEL=x/y REVISION="),
+    "never streams": ("set -- --stream;", "set -- --offline;"),
+    "source flag dropped": ('/layer/models/out "$@" ', "/layer/models/out "),
+    "small files in the layer": ("HF_HUB_CACHE=/tmp/hf-small-files", "HF_HUB_CACHE=/layer/hf-small-files"),
+    "cache stage not empty": ("FROM scratch AS hf-cache\n", "FROM scratch AS hf-cache\nCOPY README.md /\n"),
     "local base": ("ARG PYTHON_IMAGE=python:3.11-slim", "ARG PYTHON_IMAGE=localhost/fimoe-base:bookworm"),
 }
 

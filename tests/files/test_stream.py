@@ -6,19 +6,20 @@ The reference is the same repo downloaded first (a seeded Hugging Face cache, co
 import hashlib
 import json
 import re
+import socket
 import time
 
 import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
 from helpers.hub_files import HubFiles
-from test_upload import arrived, expected_files, hub  # noqa: F401 - `hub`: the fake Hub that takes uploads
+from test_upload import TOKEN, FakeHub, arrived, expected_files, hub  # noqa: F401 - `hub`: a Hub taking uploads
 
 import fimoe_convert.files.http_range as http_range
 from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
-from fimoe_convert.files.stream import StreamedSource
+from fimoe_convert.files.stream import StreamedSource, end_early, open_streamed, stream_early
 from fimoe_convert.testing import seed_hub_cache
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
@@ -86,6 +87,31 @@ def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, tiny_c
     assert not list((tmp_path / "cache").rglob("*.safetensors"))  # no source shard on disk
     assert sorted(p.name for p in (tmp_path / "cache").rglob("snapshots/*/*")) == sorted(
         p.name for p in tiny_ckpt.iterdir() if p.suffix != ".safetensors")
+
+
+@pytest.mark.parametrize("cap", [64 << 20, 1 << 20])
+def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt, tmp_path, monkeypatch, cap):
+    """stream_early (the CLI's, while torch is imported) streams before the plan exists, keeping tensors within
+    `cap`: with room for all, every shard is verified before the conversion starts; with 1 MiB, the streams wait.
+    The conversion takes the source over: each shard streamed once, the shards verified early recorded, the same
+    output."""
+    shard_bytes = sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    stream_early(REPO, None, cap)
+    early = open_streamed(REPO, None)  # the source stream_early opened, which convert() takes
+    seen, deadline = -1, time.time() + 60
+    while early.fetched != seen and early.fetched < shard_bytes and time.time() < deadline:  # until it waits
+        seen = early.fetched
+        time.sleep(0.5)
+    assert (early.fetched == shard_bytes) == (cap > shard_bytes), early.fetched
+    out = tmp_path / "streamed"
+    try:
+        res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
+    finally:
+        end_early()
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    assert res.bytes_fetched == shard_bytes and early.fetched == shard_bytes
+    for s in SHARDS:
+        assert shard_gets(served, s).count(f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}") == 1
 
 
 def test_a_tight_memory_budget_reads_again_what_it_could_not_keep(served, tiny_ckpt, tmp_path, monkeypatch):
@@ -283,3 +309,42 @@ def test_cli_upload_repo_prints_where_it_went(hub, tiny_ckpt, tmp_path):  # noqa
     r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--upload-repo", "fimoe-test/tiny-bf16"])
     assert r.exit_code == 0, r.output
     assert re.search(rf"^uploaded 8 files, .* -> {re.escape(hub.url)}/fimoe-test/tiny-bf16$", r.output, re.M), r.output
+
+
+@pytest.fixture
+def one_hub(served, monkeypatch, tmp_path):
+    """`served` answering uploads too, at the same endpoint (as the real Hub does): the source repo's reads are its
+    own, every other request goes to a FakeHub. A token to write with; plain LFS; nothing beyond loopback."""
+    uploads = FakeHub()
+    uploads.server.server_close()  # its own server is never started: `served` answers for it
+    uploads.url, served.other = served.url, uploads
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    real_getaddrinfo, asked = socket.getaddrinfo, []
+
+    def loopback_only(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            asked.append(str(host))
+            raise OSError(f"no network beyond loopback (asked for {host})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    yield uploads
+    assert asked == []
+
+
+def test_stream_and_upload_repo_in_one_run(one_hub, served, tiny_ckpt, tmp_path, monkeypatch):
+    """`--stream --upload-repo` on one Hub endpoint: SRC's shards stream in (none on disk), and the repo receives
+    exactly OUT's files, byte for byte, which are the conversion of the downloaded repo."""
+    out, dest = tmp_path / "out", "fimoe-test/tiny-v4-bf16"
+    r = CliRunner().invoke(main, [REPO, str(out), "--stream", "--upload-repo", dest, "--shard-size", "4MB", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{"):])
+    assert got["upload"]["url"] == f"{served.url}/{dest}" and got["upload"]["files"] == len(expected_files(out))
+    assert arrived(one_hub, dest) == expected_files(out)
+    assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="4MB")  # by the library: no command line
+    assert same_files(out, ref) == ["README.md", "fimoe-manifest.json"]  # the card shows the CLI's command
+    assert all(q["auth"] == f"Bearer {TOKEN}" for q in one_hub.requests if "/lfs-storage/" not in q["path"])

@@ -4,7 +4,8 @@ Content-Length, Content-Range; for a *.safetensors file, stored in LFS on the re
 X-Linked-Size, with a git blob sha1 as ETag). It counts the bytes it sends, so a test can tell that no weights were
 downloaded. Faults for tests: `fault(name, start, part) -> bytes` changes what a GET sends (fewer bytes than its
 Content-Length: the connection is then closed, as a dropped one), `errors[name] = [status, ...]` answers those
-statuses first."""
+statuses first. `other`: an object whose `_handle(h)` answers every other request (POST, PUT, other repos), so that
+one endpoint serves both reads and uploads, as the real Hub does."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class HubFiles:
         self.lock = threading.Lock()
         self.fault = None
         self.errors: dict[str, list[int]] = {}
+        self.other = None
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,6 +38,12 @@ class HubFiles:
 
             def do_GET(self):
                 hub._serve(self, body=True)
+
+            def do_POST(self):
+                hub._pass(self)
+
+            def do_PUT(self):
+                hub._pass(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -50,8 +58,18 @@ class HubFiles:
         self.server.shutdown()
         self.server.server_close()
 
+    def _pass(self, h: BaseHTTPRequestHandler) -> None:
+        if self.other is None:
+            h.send_response(405)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        self.other._handle(h)
+
     def _serve(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         path = unquote(urlsplit(h.path).path)
+        if self.other is not None and not path.startswith((f"/{self.repo_id}/", f"/api/models/{self.repo_id}/tree/")):
+            return self._pass(h)
         with self.lock:
             self.requests.append((h.command, path, h.headers.get("Range")))
         if path.startswith(f"/api/models/{self.repo_id}/tree/") and body:
