@@ -164,13 +164,14 @@ class Feeder:
                 yield item
 
     def chunks(self) -> Iterator:
-        """For the writer: ShardStart, then that shard's Chunks once their data is on the host. A chunk's bytes
-        leave the budget when the writer asks for the next item, before waiting for it (holding them while
-        waiting could starve the reader of budget)."""
+        """For the writer: ShardStart, then that shard's Chunks once their data is on the host. The writer hands
+        each chunk back through `written` once its bytes are written."""
         for item in self.out_q.drain():
             if isinstance(item, Chunk) and item.event is not None:
                 self._timed("wait_for_device", item.event.synchronize)
             yield item
-            if isinstance(item, Chunk):
-                self.budget.release(item.held)
-                self.target.recycle(item.data)  # written: the target may reuse its memory
+
+    def written(self, chunk: Chunk) -> None:
+        """`chunk` is written: its bytes leave the budget and the target may reuse its memory."""
+        self.budget.release(chunk.held)
+        self.target.recycle(chunk.data)
