@@ -5,6 +5,7 @@ wait for its device-to-host copies: each unit's results carry an event that the 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
 from .schedule import Copy, Emit, Run, group_steps, linked_groups
 
+log = logging.getLogger("fimoe_convert")
 KEEP_MAX = 1 << 20  # bytes: a unit's output written away from the rest of its outputs is kept, not recomputed
 
 
@@ -134,8 +136,10 @@ class Feeder:
                     held = (sum(self.source.info(n).nbytes for n in unit.inputs)
                             + sum(self.plan.piece_bytes(unit.key, n) for n in step.writes))
                     self.budget.acquire(held)
+                    log.debug("timeline %.3f read %s", time.perf_counter(), unit.key)
                     tensors = self._timed("read", lambda: {n: self.source.read(n, pin=self.cuda)
                                                            for n in unit.inputs})  # noqa: B023 - called at once
+                    log.debug("timeline %.3f read-done %s", time.perf_counter(), unit.key)
                     yield _Inputs(step, unit, tensors, held)
                 else:
                     yield step
@@ -147,6 +151,7 @@ class Feeder:
         for item in self.read_q.drain():
             if isinstance(item, _Inputs):
                 t0 = time.perf_counter()
+                log.debug("timeline %.3f convert %s", t0, item.unit.key)
                 got = self.target.run(item.unit, item.tensors)
                 for name in (*item.run.writes, *item.run.keeps):
                     results[(item.unit.key, name)] = got[name]
@@ -154,6 +159,7 @@ class Feeder:
                     event = torch.cuda.Event()
                     event.record()
                 self.seconds["convert"] += time.perf_counter() - t0
+                log.debug("timeline %.3f convert-done %s", time.perf_counter(), item.unit.key)
                 # the inputs are done with; the writer releases each written output's bytes as it writes it
                 self.budget.release(item.held - sum(nbytes(got[n]) for n in item.run.writes))
                 del got, item

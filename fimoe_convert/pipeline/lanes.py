@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ from ..plan import OutShard, Plan
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes
 
+log = logging.getLogger("fimoe_convert")
 SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch API write; some loaders look for it
 
 
@@ -156,6 +158,7 @@ class _ShardJob:
         shard, lanes = self.shard, self.lanes
         busy = 0.0
         try:
+            log.debug("timeline %.3f open %s", time.perf_counter(), shard.filename)
             planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
             with ShardWriter(lanes.out_dir / shard.filename, planned, SHARD_METADATA) as writer:
                 for t in shard.tensors:
@@ -174,6 +177,7 @@ class _ShardJob:
                 t1 = time.perf_counter()
                 rec = writer.finish()
                 busy += time.perf_counter() - t1
+            log.debug("timeline %.3f written %s", time.perf_counter(), shard.filename)
             lanes.on_shard(shard, rec)
         except Stopped:
             pass
