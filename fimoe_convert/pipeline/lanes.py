@@ -101,6 +101,9 @@ class Lanes:
                 if item is None:
                     break
                 if isinstance(item, ShardStart):
+                    for done in [j for j in jobs if not j.thread.is_alive()]:  # a small shard is done at once
+                        jobs.remove(done)
+                        done.join()
                     while len(jobs) >= SHARDS_PER_LANE:
                         jobs.popleft().join()
                     jobs.append(_ShardJob(self, feeder, item.shard))
@@ -131,6 +134,7 @@ class _ShardJob:
         self.lanes, self.feeder, self.shard = lanes, feeder, shard
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
+        self.stopping = False  # set by abort: the chunks still queued are not written
         self.thread = threading.Thread(target=self._run, name="fimoe-shard", daemon=True)
         self.thread.start()
 
@@ -145,12 +149,13 @@ class _ShardJob:
             raise self.error
 
     def abort(self) -> None:
-        self.queue.put(_ABORT)
+        self.stopping = True
+        self.queue.put(_ABORT)  # wakes a job waiting for its next chunk
         self.thread.join()
 
     def _next(self) -> Chunk:
         chunk = self.queue.get()
-        if chunk is _ABORT:
+        if chunk is _ABORT or self.stopping:
             raise Stopped
         return chunk
 
