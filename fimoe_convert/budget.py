@@ -16,6 +16,7 @@ LANES_SHARE = 4  # the lanes' read-ahead and their write buffers each take at mo
 STREAM_SHARE = 4  # --stream keeps at most a quarter of --max-memory of source tensors that arrived early
 IO_BLOCK = 16 << 20  # bytes per read/write call when streaming large tensors, and per staging block
 STAGE_BLOCKS = 3  # staging blocks of IO_BLOCK bytes per shard writer: one filling, two writing/hashing
+SHARDS_PER_LANE = 2  # shards a lane writes at once, a sha256 each: a whole-block unit's outputs span two shards
 READ_AHEAD_MAX = 128 << 20  # bytes a lane reads or converts ahead of its writer, unless two units need more
 MAX_LANES = 4  # one sha256 per lane; more lanes than this gained nothing on the machines measured
 CORES_PER_LANE = 4  # a lane keeps a reader, a converter, a writer and a hasher busy
@@ -64,6 +65,6 @@ class MemoryBudget:
         machines measured, below a fast disk; auto: a lane per CORES_PER_LANE cores, at most MAX_LANES, as many as
         fit their bytes and write buffers into a quarter of the budget."""
         if writers is None:
-            fits = self.total // LANES_SHARE // (lane_bytes + STAGE_BLOCKS * IO_BLOCK)
+            fits = self.total // LANES_SHARE // (lane_bytes + SHARDS_PER_LANE * STAGE_BLOCKS * IO_BLOCK)
             writers = min(MAX_LANES, max(1, (os.cpu_count() or 1) // CORES_PER_LANE), max(1, fits))
         return max(1, min(writers, shards))

@@ -5,6 +5,7 @@ wait for its device-to-host copies: each unit's results carry an event that the 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
 from .schedule import Copy, Emit, Run, group_steps, linked_groups
 
+log = logging.getLogger("fimoe_convert")
 KEEP_MAX = 1 << 20  # bytes: a unit's output written away from the rest of its outputs is kept, not recomputed
 
 
@@ -134,8 +136,10 @@ class Feeder:
                     held = (sum(self.source.info(n).nbytes for n in unit.inputs)
                             + sum(self.plan.piece_bytes(unit.key, n) for n in step.writes))
                     self.budget.acquire(held)
+                    log.debug("timeline %.3f read %s", time.perf_counter(), unit.key)
                     tensors = self._timed("read", lambda: {n: self.source.read(n, pin=self.cuda)
                                                            for n in unit.inputs})  # noqa: B023 - called at once
+                    log.debug("timeline %.3f read-done %s", time.perf_counter(), unit.key)
                     yield _Inputs(step, unit, tensors, held)
                 else:
                     yield step
@@ -147,6 +151,7 @@ class Feeder:
         for item in self.read_q.drain():
             if isinstance(item, _Inputs):
                 t0 = time.perf_counter()
+                log.debug("timeline %.3f convert %s", t0, item.unit.key)
                 got = self.target.run(item.unit, item.tensors)
                 for name in (*item.run.writes, *item.run.keeps):
                     results[(item.unit.key, name)] = got[name]
@@ -154,6 +159,7 @@ class Feeder:
                     event = torch.cuda.Event()
                     event.record()
                 self.seconds["convert"] += time.perf_counter() - t0
+                log.debug("timeline %.3f convert-done %s", time.perf_counter(), item.unit.key)
                 # the inputs are done with; the writer releases each written output's bytes as it writes it
                 self.budget.release(item.held - sum(nbytes(got[n]) for n in item.run.writes))
                 del got, item
@@ -164,13 +170,14 @@ class Feeder:
                 yield item
 
     def chunks(self) -> Iterator:
-        """For the writer: ShardStart, then that shard's Chunks once their data is on the host. A chunk's bytes
-        leave the budget when the writer asks for the next item, before waiting for it (holding them while
-        waiting could starve the reader of budget)."""
+        """For the writer: ShardStart, then that shard's Chunks once their data is on the host. The writer hands
+        each chunk back through `written` once its bytes are written."""
         for item in self.out_q.drain():
             if isinstance(item, Chunk) and item.event is not None:
                 self._timed("wait_for_device", item.event.synchronize)
             yield item
-            if isinstance(item, Chunk):
-                self.budget.release(item.held)
-                self.target.recycle(item.data)  # written: the target may reuse its memory
+
+    def written(self, chunk: Chunk) -> None:
+        """`chunk` is written: its bytes leave the budget and the target may reuse its memory."""
+        self.budget.release(chunk.held)
+        self.target.recycle(chunk.data)

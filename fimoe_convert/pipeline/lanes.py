@@ -1,15 +1,19 @@
-"""Writer lanes: each writes the shards its feeder took, one after another, through a ShardWriter (temporary
-name, fsync, rename); several lanes write and hash several shards at once (how many, and the
+"""Writer lanes: each writes the shards its feeder took, in order, through ShardWriters (temporary name, fsync,
+rename), up to SHARDS_PER_LANE at once; several lanes write and hash several shards at once (how many, and the
 bytes each holds: budget.MemoryBudget)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..budget import SHARDS_PER_LANE
 from ..files.atomic import WrittenFile
 from ..files.source import Source
 from ..files.st_header import PlannedTensor
@@ -18,6 +22,7 @@ from ..plan import OutShard, Plan
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes
 
+log = logging.getLogger("fimoe_convert")
 SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch API write; some loaders look for it
 
 
@@ -82,39 +87,108 @@ class Lanes:
             raise errors[0]
 
     def _lane(self, feeder: Feeder) -> None:
-        """Write the shards `feeder` took, in order."""
+        """Write the shards `feeder` took, in order, up to SHARDS_PER_LANE at once: each shard has a writer thread
+        and a sha256 of its own, so that the shards a whole-block unit spans are hashed side by side (one sha256
+        stream is slower than the disk)."""
         items = feeder.chunks()
-        wait = busy = 0.0
+        jobs: collections.deque[_ShardJob] = collections.deque()
+        wait = 0.0
         try:
             while True:
                 t1 = time.perf_counter()
-                start = next(items, None)
+                item = next(items, None)
                 wait += time.perf_counter() - t1
-                if start is None:
-                    return
-                assert isinstance(start, ShardStart), start
-                shard = start.shard
-                planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
-                with ShardWriter(self.out_dir / shard.filename, planned, SHARD_METADATA) as writer:
-                    for t in shard.tensors:
-                        writer.begin_tensor(t.name)
-                        last = False
-                        while not last:
-                            t1 = time.perf_counter()
-                            chunk = next(items)
-                            t2 = time.perf_counter()
-                            assert isinstance(chunk, Chunk) and chunk.tensor.name == t.name, (chunk, t.name)
-                            writer.write_part(chunk.data)
-                            last = chunk.last
-                            wait += t2 - t1
-                            busy += time.perf_counter() - t2
-                            self.on_bytes(nbytes(chunk.data))
-                        writer.end_tensor()
-                    t1 = time.perf_counter()
-                    rec = writer.finish()
-                    busy += time.perf_counter() - t1
-                self.on_shard(shard, rec)
+                if item is None:
+                    break
+                if isinstance(item, ShardStart):
+                    for done in [j for j in jobs if not j.thread.is_alive()]:  # a small shard is done at once
+                        jobs.remove(done)
+                        done.join()
+                    while len(jobs) >= SHARDS_PER_LANE:
+                        jobs.popleft().join()
+                    jobs.append(_ShardJob(self, feeder, item.shard))
+                else:
+                    jobs[-1].put(item)
+            while jobs:
+                jobs.popleft().join()
+        except BaseException as e:
+            failed = next((j.error for j in jobs if j.error is not None), None)
+            for j in jobs:
+                j.abort()
+            if isinstance(e, Stopped) and failed is not None:
+                raise failed from None  # a shard's writer failed and stopped the feeder: its error is the cause
+            raise
         finally:
             with self.lock:
                 self.timings["wait_for_data"] += wait
-                self.timings["write"] += busy
+
+
+_ABORT = object()  # put into a shard job's queue: stop, deleting the temporary file
+
+
+class _ShardJob:
+    """One shard written on a thread of its own from the chunks the lane puts in order; a failure stops the
+    lane's feeder and is kept for the lane to raise."""
+
+    def __init__(self, lanes: Lanes, feeder: Feeder, shard: OutShard):
+        self.lanes, self.feeder, self.shard = lanes, feeder, shard
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.stopping = False  # set by abort: the chunks still queued are not written
+        self.thread = threading.Thread(target=self._run, name="fimoe-shard", daemon=True)
+        self.thread.start()
+
+    def put(self, chunk: Chunk) -> None:
+        self.queue.put(chunk)
+
+    def join(self) -> None:
+        """Wait for the shard to be written; its failure is raised here."""
+        while self.thread.is_alive():
+            self.thread.join(timeout=0.5)  # wakes for Ctrl-C
+        if self.error is not None:
+            raise self.error
+
+    def abort(self) -> None:
+        self.stopping = True
+        self.queue.put(_ABORT)  # wakes a job waiting for its next chunk
+        self.thread.join()
+
+    def _next(self) -> Chunk:
+        chunk = self.queue.get()
+        if chunk is _ABORT or self.stopping:
+            raise Stopped
+        return chunk
+
+    def _run(self) -> None:
+        shard, lanes = self.shard, self.lanes
+        busy = 0.0
+        try:
+            log.debug("timeline %.3f open %s", time.perf_counter(), shard.filename)
+            planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
+            with ShardWriter(lanes.out_dir / shard.filename, planned, SHARD_METADATA) as writer:
+                for t in shard.tensors:
+                    writer.begin_tensor(t.name)
+                    last = False
+                    while not last:
+                        chunk = self._next()
+                        t1 = time.perf_counter()
+                        assert isinstance(chunk, Chunk) and chunk.tensor.name == t.name, (chunk, t.name)
+                        writer.write_part(chunk.data)
+                        last = chunk.last
+                        self.feeder.written(chunk)
+                        busy += time.perf_counter() - t1
+                        lanes.on_bytes(nbytes(chunk.data))
+                    writer.end_tensor()
+                t1 = time.perf_counter()
+                rec = writer.finish()
+                busy += time.perf_counter() - t1
+            log.debug("timeline %.3f written %s", time.perf_counter(), shard.filename)
+            lanes.on_shard(shard, rec)
+        except Stopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 - raised by the lane thread
+            self.error = e
+            self.feeder.stop()
+        finally:
+            with lanes.lock:
+                lanes.timings["write"] += busy

@@ -47,7 +47,7 @@ from flashinfer.moe_ep.core.kernel import registry  # noqa: E402 - after the sys
 from safetensors import safe_open  # noqa: E402 - after the sys.path and device setup above
 
 import fimoe_convert  # noqa: E402 - after the sys.path and device setup above
-from fimoe_convert.numerics.tree import same_object  # noqa: E402 - after the sys.path and device setup above
+from fimoe_convert.numerics.structure import same_object  # noqa: E402 - after the sys.path and device setup above
 from fimoe_convert.runtime import load_transformed_weights  # noqa: E402 - after the sys.path and device setup above
 from fimoe_convert.testing import make_checkpoint  # noqa: E402 - after the sys.path and device setup above
 

@@ -103,7 +103,7 @@ def main() -> int:
 
     rows = []
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)  # each rank its own tokens and routes
-    for block in load_manifest(out).data["layers"]:
+    for block in load_manifest(out).layers:
         w1, w3, w2 = reference_weights(read_source_experts(work / "ckpt", block, geo["experts"]), "cuda")
         x = make_inputs(w1, geo, args.tokens, gen, 5.0)
         t0 = time.perf_counter()

@@ -159,7 +159,7 @@ def prove_block(runner, kind: str, outs: dict, block: str, x: dict, ref, ep1) ->
 
     rows, lim = [], LIMITS[kind]
     for ep, out in outs.items():
-        ranges = [tuple(r) for r in load_manifest(out).data["ep"]["expert_ranges"]]
+        ranges = [tuple(r) for r in load_manifest(out).ep.expert_ranges]
         t0 = time.perf_counter()
         y = summed(runner, out, block, ranges, x)
         row = {"kind": kind, "block": block, "ep_size": ep, "ranges": ranges, "rel_l2": rel_l2(y, ref),
@@ -210,7 +210,7 @@ def prove(kind: str, target: str, params: dict, sizes: list[int], geo: dict, tok
     gen = torch.Generator().manual_seed(seed + 1)
     rows, failures = [], []
     try:
-        for block in load_manifest(outs[sizes[0]]).data["layers"]:
+        for block in load_manifest(outs[sizes[0]]).layers:
             w1, w3, w2 = reference_weights(read_source_experts(ckpt, block, geo["experts"]), "cuda")
             x = make_inputs(w1, geo, tokens, gen, gate_rms)
             value = x["fp8_value"] if kind == "megamoe" else x["bf16_value"]

@@ -120,7 +120,7 @@ def main() -> int:
         f"{res.bytes_written} bytes in {time.perf_counter() - t:.1f} s; report {json.dumps(res.report)}")
 
     manifest = load_manifest(out)
-    blocks = list(manifest.data["layers"])
+    blocks = list(manifest.layers)
     log(f"== blocks in the manifest: {blocks}")
     h, inter, n_exp, top_k = FIXTURE["hidden"], FIXTURE["inter"], FIXTURE["experts"], FIXTURE["top_k"]
 

@@ -114,7 +114,7 @@ def main() -> int:
     log(f"== fixture {FIXTURE}; convert --target {TARGET} --param fp8_scale_mode={args.fp8_scale_mode} "
         f"--ep-size 1 --device {dev}: {res.bytes_written} bytes in {time.perf_counter() - t:.1f} s")
     manifest = load_manifest(out)
-    blocks = list(manifest.data["layers"])
+    blocks = list(manifest.layers)
     if args.blocks:
         blocks = [b for b in blocks if b in args.blocks.split(",")]
     h, inter, n_exp, top_k = FIXTURE["hidden"], FIXTURE["inter"], FIXTURE["experts"], FIXTURE["top_k"]

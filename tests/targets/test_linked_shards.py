@@ -78,3 +78,46 @@ def test_whole_block_units_across_shards_run_once_and_write_the_same_tensors(tmp
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].view(-1).view(torch.uint8).equal(b[k].view(-1).view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("writers", [1, 2])
+def test_a_lane_writes_two_shards_at_once_and_never_more(tmp_path, monkeypatch, writers):
+    """Each shard has its own sha256 stream: a lane opens the next shard while the one before is still being
+    finished (here: held open until a second writer of the same lane exists), and at most SHARDS_PER_LANE."""
+    import threading
+
+    from fimoe_convert.budget import SHARDS_PER_LANE
+    from fimoe_convert.pipeline import lanes
+    from fimoe_convert.testing import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "src", "tiny", layers=2, hash_layers=1, mtp=1, extreme_scales=False)
+    opened, lock, most = [0], threading.Lock(), []
+    second = threading.Event()
+
+    class Tracked(lanes.ShardWriter):
+        def __enter__(self):
+            with lock:
+                opened[0] += 1
+                most.append(opened[0])
+                if opened[0] >= 2:
+                    second.set()
+            return super().__enter__()
+
+        def finish(self):
+            second.wait(timeout=10)  # under one writer per lane this times out and `most` stays 1 (one lane)
+            return super().finish()
+
+        def __exit__(self, *exc):
+            with lock:
+                opened[0] -= 1
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr(lanes, "ShardWriter", Tracked)
+    ref = convert(str(ckpt), str(tmp_path / "ref"), "bf16", shard_size="300KB", writers=writers)
+    assert ref.shards > 4
+    assert 2 <= max(most) <= SHARDS_PER_LANE * writers
+    monkeypatch.undo()
+    plain = convert(str(ckpt), str(tmp_path / "plain"), "bf16", shard_size="300KB", writers=writers)
+    for f in sorted((tmp_path / "ref").glob("model-*.safetensors")):
+        assert f.read_bytes() == (tmp_path / "plain" / f.name).read_bytes(), f.name
+    assert plain.shards == ref.shards
