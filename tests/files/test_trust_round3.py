@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from test_reliability import child_env
@@ -153,3 +154,64 @@ def test_a_safetensors_header_with_too_many_items_is_refused(tmp_path, monkeypat
     with pytest.raises(InputError, match=rf"^{re.escape(str(path))}: header: about 20\d\d JSON items .* more than the "
                                          r"1000 such a file may hold .*; the file is corrupt or not safetensors$"):
         st_header.read_header(path)
+
+
+# ------------------------------------------------------------- 3. input hashes are recorded in batches
+
+
+@pytest.fixture
+def many_inputs(tiny_ckpt, tmp_path) -> Path:
+    """The tiny checkpoint with 300 small extra files: 309 inputs, each hashed and recorded."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_ckpt, src)
+    for i in range(300):
+        (src / f"extra_{i:03d}.txt").write_text(f"extra file {i}\n")
+    return src
+
+
+@pytest.mark.parametrize("defer_s, most_writes", [
+    (5.0, 10),  # the default: the first manifest, one per shard (4), the last hash; not one per input
+    (0.0, 300),  # no batching: a write per input, as the count catches
+])
+def test_input_hashes_are_recorded_in_batches(many_inputs, tmp_path, monkeypatch, defer_s, most_writes):
+    from fimoe_convert import convert
+    from fimoe_convert.files import hashing
+    from fimoe_convert.files import manifest as manifest_mod
+    from fimoe_convert.files.manifest import LiveManifest, read_manifest
+
+    monkeypatch.setattr(LiveManifest, "DEFER_S", defer_s)
+    writes = []
+    real = manifest_mod.write_manifest
+    monkeypatch.setattr(manifest_mod, "write_manifest", lambda *a: writes.append(1) or real(*a))
+    out = tmp_path / "out"
+    convert(str(many_inputs), str(out), "bf16")
+    if defer_s:
+        assert len(writes) <= most_writes, len(writes)
+    else:
+        assert len(writes) > most_writes, len(writes)
+    recorded = read_manifest(out).source.files
+    assert len(recorded) == 309 and all(r.sha256 == hashing.sha256_file(many_inputs / k) for k, r in recorded.items())
+
+
+@pytest.mark.parametrize("at", [0.05, 0.5, 0.9])
+def test_a_kill_with_hashes_not_yet_recorded_resumes_correctly(many_inputs, tmp_path, monkeypatch, at):
+    """Hashes deferred for an hour: the interrupted manifest records only hashes of the bytes on disk (or none), and
+    --resume of it gives the same folder as one uninterrupted run."""
+    from test_trust import interrupted_run
+
+    from fimoe_convert import convert
+    from fimoe_convert.files import hashing
+    from fimoe_convert.files.manifest import LiveManifest
+    from fimoe_convert.files.names import MANIFEST_NAME
+
+    monkeypatch.setattr(LiveManifest, "DEFER_S", 3600.0)
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    interrupted_run(many_inputs, out, at=at, hashed=False)
+    files = json.loads((out / MANIFEST_NAME).read_text())["source"]["files"]
+    recorded = {k: r["sha256"] for k, r in files.items() if r["sha256"]}
+    assert recorded == {k: hashing.sha256_file(many_inputs / k) for k in recorded}
+    convert(str(many_inputs), str(out), "bf16", shard_size="1MB", resume=True)
+    convert(str(many_inputs), str(ref), "bf16", shard_size="1MB")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in ref.iterdir()}
