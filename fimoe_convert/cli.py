@@ -88,6 +88,14 @@ def _debug() -> bool:
     return os.environ.get("FIMOE_DEBUG") == "1"
 
 
+def _interrupted(e: KeyboardInterrupt, meta: dict):
+    """The one line a stop prints, and its exit status (128 + the signal)."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
+               f"{meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
+    sys.exit(128 + signum)
+
+
 class Cli(click.Group):
     """`fimoe-convert SRC OUT ...` means `fimoe-convert convert SRC OUT ...`; a mistyped command is not taken as SRC."""
 
@@ -103,30 +111,42 @@ class Cli(click.Group):
             args = ["convert", *args]
         return super().parse_args(ctx, args)
 
+    def main(self, *args, **kwargs):
+        """The signal handlers are in place from the start: a Ctrl-C while the command line is parsed (SRC's kind
+        looked up, modules loaded) ends as one during the work does, not with click's 'Aborted!' and exit 1."""
+        if _debug():
+            return super().main(*args, **kwargs)
+        with _signals_interrupt():
+            return super().main(*args, **kwargs)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt as e:
+            if _debug():
+                raise
+            _interrupted(e, {})
+
     def invoke(self, ctx):
         if _debug():
             return super().invoke(ctx)
-        with _signals_interrupt():
-            try:
-                return super().invoke(ctx)
-            except FimoeError as e:
-                problems = [one_line(p) for p in e.problems]
-                for i, line in enumerate(format_problems(problems).splitlines()):
-                    click.echo(("error: " if i == 0 else "") + line, err=True)
-                sys.exit(e.exit_code)
-            except KeyboardInterrupt as e:
-                signum = getattr(e, "signum", signal.SIGINT)
-                click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
-                           f"{ctx.meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
-                sys.exit(128 + signum)
-            except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
-                raise
-            except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
-                what = one_line(" ".join(str(e).split()))[:500]
-                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input "
-                           "problem: "
-                           "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
-                sys.exit(1)
+        try:
+            return super().invoke(ctx)
+        except FimoeError as e:
+            problems = [one_line(p) for p in e.problems]
+            for i, line in enumerate(format_problems(problems).splitlines()):
+                click.echo(("error: " if i == 0 else "") + line, err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt as e:
+            _interrupted(e, ctx.meta)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
+            what = one_line(" ".join(str(e).split()))[:500]
+            click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input "
+                       "problem: "
+                       "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
+            sys.exit(1)
 
 
 class TargetName(click.ParamType):
