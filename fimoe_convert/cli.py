@@ -132,21 +132,30 @@ class Cli(click.Group):
             return super().invoke(ctx)
         try:
             return super().invoke(ctx)
-        except FimoeError as e:
-            problems = [one_line(p) for p in e.problems]
-            for i, line in enumerate(format_problems(problems).splitlines()):
-                click.echo(("error: " if i == 0 else "") + line, err=True)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt as e:
-            _interrupted(e, ctx.meta)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+        except (click.exceptions.Exit, SystemExit):
             raise
-        except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
-            what = one_line(" ".join(str(e).split()))[:500]
-            click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input "
-                       "problem: "
-                       "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
-            sys.exit(1)
+        except BaseException as e:  # noqa: BLE001 - each kind gets its one line below
+            _report(e, ctx.meta)
+
+
+def _report(e: BaseException, meta: dict):
+    """The one line (or lines, one per problem) for what ended a command, and its exit status."""
+    # After a stop, whatever the clean-up raises is the stop's doing (e.g. numpy loaded again after the signal cut
+    # its first import short: "cannot load module more than once per process"): the interruption line, 128 + signal.
+    if _STOPPING or isinstance(e, KeyboardInterrupt):
+        _interrupted(Interrupted(_STOPPING[0]) if _STOPPING else e, meta)
+    if isinstance(e, FimoeError):
+        problems = [one_line(p) for p in e.problems]
+        for i, line in enumerate(format_problems(problems).splitlines()):
+            click.echo(("error: " if i == 0 else "") + line, err=True)
+        sys.exit(e.exit_code)
+    if isinstance(e, (click.ClickException, click.exceptions.Abort)) or not isinstance(e, Exception):
+        raise e
+    # a bug or an environment problem: one line, the rest on request
+    what = one_line(" ".join(str(e).split()))[:500]
+    click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input problem: "
+               "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
+    sys.exit(1)
 
 
 class TargetName(click.ParamType):
