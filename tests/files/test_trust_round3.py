@@ -215,3 +215,65 @@ def test_a_kill_with_hashes_not_yet_recorded_resumes_correctly(many_inputs, tmp_
     convert(str(many_inputs), str(out), "bf16", shard_size="1MB", resume=True)
     convert(str(many_inputs), str(ref), "bf16", shard_size="1MB")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in ref.iterdir()}
+
+
+# ------------------------------------------------------------- 4. a single Ctrl-C at any moment
+
+
+def _one_stop_line(rc: int, err: str, out: Path) -> None:
+    """A run stopped by one Ctrl-C: the interruption line alone and exit 130 (or, finished first, no error), and no
+    temporary left."""
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("converting: ")]
+    if rc == 0:
+        assert lines == [], err
+    else:
+        assert rc == 130 and len(lines) == 1 and lines[0].startswith("error: interrupted (SIGINT); "), (rc, err)
+    assert not list(out.glob("*.fimoe-tmp")) if out.exists() else True
+
+
+@pytest.mark.parametrize("delay_s", [1.0, 1.5, 2.0, 2.5, 3.5])
+def test_a_single_ctrl_c_at_any_moment_prints_one_line(tiny_ckpt, tmp_path, delay_s):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size", "1MB",
+                             "--writers", "2"], env=child_env(FIMOE_DEBUG=""), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    _one_stop_line(proc.returncode, err, out)
+
+
+@pytest.mark.parametrize("stage", ["parse", "work"])
+def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, monkeypatch, stage):
+    """The signal cut an import short and the clean-up imports the module again (ImportError), or the signal came
+    while the command line was parsed: either way the interruption line and 130, not 'Aborted!' or another error."""
+    import os
+
+    from click.testing import CliRunner
+
+    import fimoe_convert.cli as cli_mod
+    import fimoe_convert.conversion as conversion
+    import fimoe_convert.files.output as output
+
+    def stop_then_fail(*a, **k):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        finally:
+            raise ImportError("cannot load module more than once per process")
+
+    def stop(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    if stage == "work":
+        monkeypatch.setattr(conversion, "build_plan", stop_then_fail)
+    else:
+        monkeypatch.setattr(output, "path_kind", stop)
+    src = str(tiny_ckpt) if stage == "work" else "inspekt"  # a near-miss of a command: its path is looked up
+    r = CliRunner().invoke(cli_mod.main, [src, str(tmp_path / "out")], env={"FIMOE_DEBUG": ""})
+    assert r.exit_code == 130, (r.output, r.exception)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.match(r"error: interrupted \(SIGINT\); (nothing was left half-done|finished shards "
+                                        r"are kept: run the same command with --resume)$", lines[0]), r.stderr
