@@ -244,8 +244,17 @@ def test_a_single_ctrl_c_at_any_moment_prints_one_line(tiny_ckpt, tmp_path, dela
     _one_stop_line(proc.returncode, err, out)
 
 
+@pytest.fixture
+def handlers_kept():
+    """The signal handlers of this process as they were: a stop leaves them ignored, and children inherit that."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
 @pytest.mark.parametrize("stage", ["parse", "work"])
-def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, monkeypatch, stage):
+def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, monkeypatch, handlers_kept, stage):
     """The signal cut an import short and the clean-up imports the module again (ImportError), or the signal came
     while the command line was parsed: either way the interruption line and 130, not 'Aborted!' or another error."""
     import os
@@ -277,3 +286,22 @@ def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and re.match(r"error: interrupted \(SIGINT\); (nothing was left half-done|finished shards "
                                         r"are kept: run the same command with --resume)$", lines[0]), r.stderr
+
+
+AT_EXIT = """import atexit, os, signal, sys, time
+from fimoe_convert.cli import main
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIG{name}), time.sleep(0.5)))  # a signal while the process exits
+sys.argv = ["fimoe-convert", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+@pytest.mark.parametrize("args", [["targets"], ["verify", "no-such-folder"]])
+def test_a_signal_after_the_command_ended_changes_nothing(name, args):
+    """The command has printed its result; a Ctrl-C while the interpreter exits (joining threads, unloading torch)
+    neither prints a traceback nor changes the exit status."""
+    r = subprocess.run([sys.executable, "-c", AT_EXIT.format(name=name), *args], env=child_env(FIMOE_DEBUG=""),
+                       capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
+    assert r.returncode == (0 if args == ["targets"] else 1), (r.returncode, r.stderr)
