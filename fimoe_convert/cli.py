@@ -8,7 +8,6 @@ the commands that need them, so `--help` and `targets` start fast."""
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import gc
 import json
@@ -17,18 +16,17 @@ import os
 import shlex
 import signal
 import sys
-import threading
 
 import click
 
 from . import __version__
-from .console import Progress, is_rank0, plural, setup_logging
+from .console import (SIGNALS, Interrupted, Progress, is_rank0, plural, setup_logging, signals_interrupt,
+                      stopped_by)
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
 from .sizes import human
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
 PRESET_PARAMS = "fimoe_convert.preset_params"  # ctx.meta key: the --config file's params, merged with --param
 PRESET = "fimoe_convert.preset"  # ctx.meta key: the --config file's model and target
@@ -42,51 +40,16 @@ Examples:
 """
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP, raised in the main thread as Ctrl-C is: the library cleans up the same way."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-_STOPPING: list[int] = []  # the signal that stopped this process: ignored to the end (a second Ctrl-C)
-_STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this process runs another command (tests)
-
-
-def _on_signal(signum, frame):
-    for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
-        signal.signal(s, signal.SIG_IGN)
-    _STOPPING.append(signum)
-    raise Interrupted(signum)
-
-
-@contextlib.contextmanager
-def _signals_interrupt():
-    """While a command runs, SIGINT, SIGTERM and SIGHUP raise Interrupted (once); signals the process was started
-    ignoring (nohup, a background job) stay ignored, and the handlers are put back after, unless a signal stopped
-    the command: then they stay ignored through exit (Python resets its own handlers at exit, and a second Ctrl-C
-    would end the process with rc -2 or a traceback)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    for s, h in _STOPPED_FROM.items():
-        signal.signal(s, h)
-    _STOPPING.clear()
-    _STOPPED_FROM.clear()
-    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            if _STOPPING:
-                _STOPPED_FROM[s] = h
-            else:
-                signal.signal(s, h)
-
-
 def _debug() -> bool:
     return os.environ.get("FIMOE_DEBUG") == "1"
+
+
+def _interrupted(e: KeyboardInterrupt, meta: dict):
+    """The one line a stop prints, and its exit status (128 + the signal)."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
+               f"{meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
+    sys.exit(128 + signum)
 
 
 class Cli(click.Group):
@@ -104,30 +67,58 @@ class Cli(click.Group):
             args = ["convert", *args]
         return super().parse_args(ctx, args)
 
+    def main(self, args=None, *rest, **kwargs):
+        """The signal handlers are in place from the start: a Ctrl-C while the command line is parsed (SRC's kind
+        looked up, modules loaded) ends as one during the work does, not with click's 'Aborted!' and exit 1. When
+        this is the process's own command line (`args` None), signals are ignored once the command has ended: one
+        then would only cut the interpreter's exit short (exit -2, or a traceback from joining a thread)."""
+        if _debug():
+            return super().main(args, *rest, **kwargs)
+        try:
+            with signals_interrupt():
+                return super().main(args, *rest, **kwargs)
+        finally:
+            if args is None:
+                for s in SIGNALS:
+                    signal.signal(s, signal.SIG_IGN)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt as e:
+            if _debug():
+                raise
+            _interrupted(e, {})
+
     def invoke(self, ctx):
         if _debug():
             return super().invoke(ctx)
-        with _signals_interrupt():
-            try:
-                return super().invoke(ctx)
-            except FimoeError as e:
-                problems = [one_line(p) for p in e.problems]
-                for i, line in enumerate(format_problems(problems).splitlines()):
-                    click.echo(("error: " if i == 0 else "") + line, err=True)
-                sys.exit(e.exit_code)
-            except KeyboardInterrupt as e:
-                signum = getattr(e, "signum", signal.SIGINT)
-                click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
-                           f"{ctx.meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
-                sys.exit(128 + signum)
-            except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
-                raise
-            except Exception as e:  # noqa: BLE001 - a bug or an environment problem: one line, the rest on request
-                what = one_line(" ".join(str(e).split()))[:500]
-                click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input "
-                           "problem: "
-                           "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
-                sys.exit(1)
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - each kind gets its one line below
+            _report(e, ctx.meta)
+
+
+def _report(e: BaseException, meta: dict):
+    """The one line (or lines, one per problem) for what ended a command, and its exit status."""
+    # After a stop, whatever the clean-up raises is the stop's doing (e.g. numpy loaded again after the signal cut
+    # its first import short: "cannot load module more than once per process"): the interruption line, 128 + signal.
+    if (signum := stopped_by()) is not None or isinstance(e, KeyboardInterrupt):
+        _interrupted(e if signum is None else Interrupted(signum), meta)
+    if isinstance(e, FimoeError):
+        problems = [one_line(p) for p in e.problems]
+        for i, line in enumerate(format_problems(problems).splitlines()):
+            click.echo(("error: " if i == 0 else "") + line, err=True)
+        sys.exit(e.exit_code)
+    if isinstance(e, (click.ClickException, click.exceptions.Abort)) or not isinstance(e, Exception):
+        raise e
+    # a bug or an environment problem: one line, the rest on request
+    what = one_line(" ".join(str(e).split()))[:500]
+    click.echo(f"error: {type(e).__name__}{': ' + what if what else ''}; this is not a known input problem: "
+               "run again with FIMOE_DEBUG=1 for the traceback and report it", err=True)
+    sys.exit(1)
 
 
 class TargetName(click.ParamType):

@@ -1,17 +1,22 @@
-"""What the command line shows while it works: byte progress, log lines, and one-line reports.
+"""What the command line shows while it works (byte progress, log lines, one-line reports), and how a signal stops
+a command (SIGINT, SIGTERM and SIGHUP raised as Ctrl-C in the main thread).
 
 Progress is a tqdm bar on a terminal that reports its width and a plain line every few seconds otherwise (a log
 file gets no `\\r` redraws); only rank 0 of a torchrun launch shows anything."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 
 from .sizes import human
 
 PLAIN_EVERY_S = 5.0  # seconds between progress lines when stderr is not a terminal
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops a command as Ctrl-C does
 
 
 def is_rank0() -> bool:
@@ -92,4 +97,55 @@ class Progress:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# ------------------------------------------------------------------ stopping a command (SIGINT, SIGTERM, SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread as Ctrl-C is: the library cleans up the same way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOPPING: list[int] = []  # the signal that stopped this process: ignored to the end (a second Ctrl-C)
+_STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this process runs another command (tests)
+
+
+def _on_signal(signum, frame):
+    for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
+        signal.signal(s, signal.SIG_IGN)
+    _STOPPING.append(signum)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """While a command runs, SIGINT, SIGTERM and SIGHUP raise Interrupted (once); signals the process was started
+    ignoring (nohup, a background job) stay ignored, and the handlers are put back after, unless a signal stopped
+    the command: then they stay ignored through exit (Python resets its own handlers at exit, and a second Ctrl-C
+    would end the process with rc -2 or a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    for s, h in _STOPPED_FROM.items():
+        signal.signal(s, h)
+    _STOPPING.clear()
+    _STOPPED_FROM.clear()
+    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            if _STOPPING:
+                _STOPPED_FROM[s] = h
+            else:
+                signal.signal(s, h)
+
+
+def stopped_by() -> int | None:
+    """The signal that stopped the command running now (its handlers raised Interrupted), or None."""
+    return _STOPPING[0] if _STOPPING else None
 

@@ -146,6 +146,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
                              t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = {**hashes.result(), **_streamed_hashes(source, result)}
+        manifest.flush()
         manifest.close()
         for part in group.gather(mine):
             manifest.manifest.files.update(part)
@@ -375,9 +376,17 @@ def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveMa
     """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
     finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
 
+    left = len(files)
+    lock = threading.Lock()
+
     def record(rel: str, sha: str) -> None:
+        nonlocal left
         if manifest is not None:
             _record_sha(source, manifest, rel, sha)
+            with lock:
+                left -= 1
+                if left == 0:  # the last one: every hash is on disk while the shards are still being written
+                    manifest.flush()
 
     return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
 
@@ -390,7 +399,7 @@ def _record_sha(source: Source, manifest: LiveManifest, rel: str, sha: str) -> N
         resuming.check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)
         rec.sha256 = sha
 
-    manifest.update(add)
+    manifest.update(add, defer=True)
 
 
 def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],

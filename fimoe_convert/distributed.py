@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 from .errors import InputError
 
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT")  # what init_process_group's env:// rendezvous needs besides the ranks
+RENDEZVOUS_TIMEOUT_S = 600.0  # seconds a rank waits for the others to join (torchrun starts them together)
+POLL_S = 0.1  # seconds between the main thread's looks at the rendezvous (how soon a signal is taken)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -19,6 +23,38 @@ def _env_int(name: str, default: int) -> int:
     except ValueError:
         raise InputError(f"{name}={value!r}: expected an integer (torchrun sets it); launch with torchrun or unset "
                          f"{name}") from None
+
+
+def _rendezvous(dist, rank: int, world: int) -> None:
+    """`init_process_group` in a daemon thread: its C++ wait would hold the main thread, which then takes no
+    signal (SIGTERM, Ctrl-C) until the peers come. The collectives keep torch's own timeout."""
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    done: list[BaseException | None] = []
+
+    def join() -> None:
+        try:
+            dist.init_process_group("gloo")
+            done.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which names it
+            done.append(e)
+
+    waiter = threading.Thread(target=join, name="fimoe-rendezvous", daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+    while waiter.is_alive() and time.monotonic() < deadline:
+        waiter.join(POLL_S)
+    if not done:
+        raise InputError(f"torchrun rendezvous: rank {rank} of WORLD_SIZE={world} waited {RENDEZVOUS_TIMEOUT_S:g} s "
+                         f"at {where} for the other {world - 1} rank(s), and not all came; start every rank (one "
+                         "torchrun per node, the same --nnodes, --master-addr and --master-port), or unset WORLD_SIZE "
+                         "for one process")
+    e = done[0]
+    if isinstance(e, (RuntimeError, ValueError)):  # DistNetworkError, a bad MASTER_PORT, torch's own timeout
+        raise InputError(f"torchrun rendezvous at {where} failed ({e.__class__.__name__}: "
+                         f"{' '.join(str(e).split())[:200]}); check that every rank was launched by the same "
+                         "torchrun") from None
+    if e is not None:
+        raise e
 
 
 class Group:
@@ -38,12 +74,7 @@ class Group:
                            f"RANK {self.rank} is not in 0..{self.world - 1}")
                     raise InputError(f"WORLD_SIZE={self.world} asks for a distributed run, but {why}; launch with "
                                      "torchrun (it sets them), or unset WORLD_SIZE for one process")
-                try:
-                    dist.init_process_group("gloo")
-                except (RuntimeError, ValueError) as e:  # DistNetworkError, a bad MASTER_PORT, a timeout
-                    raise InputError(f"torchrun rendezvous at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
-                                     f"failed ({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check that "
-                                     "every rank was launched by the same torchrun") from None
+                _rendezvous(dist, self.rank, self.world)
             self.dist = dist
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
 

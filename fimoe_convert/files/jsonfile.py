@@ -11,11 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
+from ..sizes import human
 from .safe_open import open_regular
 
-# Bytes per kind of file. The largest real ones: V4-Pro's index ~12 MB (140k tensors); a kernel target's
-# manifest for V4-Pro ~30 MB (tensor structures of 62 blocks x 8 ranks). Ten times that, and no more.
-MAX_BYTES = {"config": 16 << 20, "index": 256 << 20, "manifest": 512 << 20, "status": 256 << 20}
+# Bytes per kind of file. The largest real ones: V4-Pro's index ~12 MB (145,116 tensors); a kernel target's manifest
+# for V4-Pro with EP 8 < 2 MB (62 blocks x 8 ranks of structures); a status file < 1 MB. About five times that: the
+# bytes and their decoded text (up to 4 bytes a character) stay under ~600 MB.
+MAX_BYTES = {"config": 16 << 20, "index": 64 << 20, "manifest": 64 << 20, "status": 16 << 20}
+# JSON items (keys, values, containers) per file, counted before parsing: an item costs up to ~160 bytes of Python
+# objects (`{},` is 3 bytes), so 2 M of them stay under ~350 MB. The largest real file, V4-Pro's index, has ~0.3 M.
+MAX_ITEMS = 2_000_000
+BYTES_PER_ITEM = 160  # the most a parsed item was measured to cost (an empty object in a list)
 MAX_DEPTH = 64  # nesting levels; the deepest real file (a FlashInfer structure in the manifest) has < 12
 MAX_INT = 2**63 - 1  # absolute value; larger integers are no count, size or offset of a real file
 MAX_INT_DIGITS = 20  # digits read before the value is even built (json.loads' own cap is 4300)
@@ -52,8 +58,24 @@ def _object(pairs: list[tuple[str, object]]) -> dict:
     return obj
 
 
+def count_items(data: bytes) -> int:
+    """An upper bound on the keys, values and containers in the JSON text `data`, at the speed of bytes.count: every
+    value but a container's first follows a `,`, every key a `:`, every first value a `[` or `{` (the same characters
+    inside strings only raise the bound)."""
+    return 1 + sum(data.count(c) for c in (b",", b":", b"[", b"{"))
+
+
+def check_items(data: bytes, where: str, fix: str, limit: int | None = None) -> None:
+    """Refuse, before json.loads builds it, JSON whose objects would cost far more memory than its bytes."""
+    limit = MAX_ITEMS if limit is None else limit
+    if (n := count_items(data)) > limit:
+        raise InputError(f"{where}: about {n} JSON items (keys, values and containers), more than the {limit} such a "
+                         f"file may hold (reading them would take ~{human(n * BYTES_PER_ITEM)}); {fix}")
+
+
 def parse_json(data: bytes, where: str, fix: str = "the file is damaged"):
     """The value in `data` (strict, see the module docstring); errors start with `where` and end with `fix`."""
+    check_items(data, where, fix)
     try:
         value = json.loads(data.decode("utf-8"), object_pairs_hook=_object, parse_int=_int, parse_float=_float,
                            parse_constant=_constant)

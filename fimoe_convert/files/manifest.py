@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,21 +324,43 @@ def has_manifest(out_dir: Path) -> bool:
 
 class LiveManifest:
     """The manifest of a running conversion, changed by several threads (lanes, input hashers) and rewritten
-    (atomically) after each change when `write`; `close()` stops further changes (the hashers of a failed run
-    may still finish)."""
+    (atomically) after each change when `write`; a change made with `defer` (an input's sha256) waits for the next
+    write, at most DEFER_S later (each write is the whole manifest: one per input was quadratic in the inputs).
+    `close()` stops further changes (the hashers of a failed run may still finish)."""
+
+    DEFER_S = 5.0  # seconds a deferred change may wait; lost in a kill, it only means that input is hashed again
 
     def __init__(self, out_dir: Path, manifest: Manifest, write: bool):
         self.out_dir, self.manifest, self.write = Path(out_dir), manifest, write
         self.lock = threading.Lock()
         self.closed = False
+        self.pending = False  # a deferred change not written yet
+        self.written_at = time.monotonic()  # the first manifest is written as this object is made
+        self.writes = 0
 
-    def update(self, change: Callable[[Manifest], None]) -> None:
+    def update(self, change: Callable[[Manifest], None], defer: bool = False) -> None:
         with self.lock:
             if self.closed:
                 return
             change(self.manifest)
-            if self.write:
-                write_manifest(self.out_dir, self.manifest)
+            if not self.write:
+                return
+            if defer and time.monotonic() - self.written_at < self.DEFER_S:
+                self.pending = True
+            else:
+                self._write()
+
+    def flush(self) -> None:
+        """Write the deferred changes now (the last input hashed, the end of the run)."""
+        with self.lock:
+            if self.pending and self.write and not self.closed:
+                self._write()
+
+    def _write(self) -> None:
+        write_manifest(self.out_dir, self.manifest)
+        self.pending = False
+        self.written_at = time.monotonic()
+        self.writes += 1
 
     def close(self) -> None:
         with self.lock:

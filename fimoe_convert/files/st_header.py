@@ -15,9 +15,11 @@ from pathlib import Path
 
 from ..dtypes import DTYPES, tensor_nbytes, torch_dtype
 from ..errors import CONTROL, InputError
+from .jsonfile import check_items
 from .safe_open import open_regular
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own cap
+MAX_HEADER_ITEMS = 4_000_000  # JSON items (~11 a tensor): a single-file V4-Pro header would have ~1.6 M
 HEADER_ALIGN = 8  # bytes; headers are space-padded so data starts 8-aligned
 
 
@@ -59,8 +61,10 @@ def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Heade
     if 8 + n > file_size:
         raise InputError(f"{where}: header length {n} bytes runs past the end of the {file_size}-byte file; "
                          "the download is truncated, fetch it again")
+    raw = read_json(n)
+    check_items(raw, f"{where}: header", "the file is corrupt or not safetensors", MAX_HEADER_ITEMS)
     try:
-        obj = json.loads(read_json(n))
+        obj = json.loads(raw)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, >4300-digit ints, deep nesting
         raise InputError(f"{where}: header is not valid JSON ({e.__class__.__name__}: {e}); "
                          "the file is corrupt or not safetensors") from None
