@@ -20,8 +20,7 @@ import sys
 import click
 
 from . import __version__
-from .console import (SIGNALS, Interrupted, Progress, is_rank0, plural, setup_logging, signals_interrupt,
-                      stopped_by)
+from .console import SIGNALS, Interrupted, Progress, is_rank0, plural, setup_logging, signals_interrupt, stopped_by
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE

@@ -10,10 +10,8 @@ seconds and whether the file was accepted or refused (with the start of the one 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 PATTERNS = {

@@ -177,8 +177,7 @@ def many_inputs(tiny_ckpt, tmp_path) -> Path:
 ])
 def test_input_hashes_are_recorded_in_batches(many_inputs, tmp_path, monkeypatch, defer_s, most_writes):
     from fimoe_convert import convert
-    from fimoe_convert.files import hashing
-    from fimoe_convert.files import manifest as manifest_mod
+    from fimoe_convert.files import hashing, manifest as manifest_mod
     from fimoe_convert.files.manifest import LiveManifest, read_manifest
 
     monkeypatch.setattr(LiveManifest, "DEFER_S", defer_s)
