@@ -99,5 +99,6 @@ LAYERS: dict[str, frozenset[str]] = {
     "demo": _BASE | {"console", "conversion", "testing", "verification"},
     "cli": _BASE | {"console", "conversion", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
                     "publish", "verification"},
-    "__main__": frozenset({"cli"}),
+    "entry": frozenset({"cli"}),
+    "__main__": frozenset({"entry"}),
 }

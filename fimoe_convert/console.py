@@ -114,19 +114,38 @@ _STOPPING: list[int] = []  # the signal that stopped this process: ignored to th
 _STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this process runs another command (tests)
 
 
+_DEFERRED: list[bool] = []  # inside signals_deferred(): a stop is raised when the block ends
+
+
 def _on_signal(signum, frame):
     for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
         signal.signal(s, signal.SIG_IGN)
     _STOPPING.append(signum)
-    raise Interrupted(signum)
+    if not _DEFERRED:
+        raise Interrupted(signum)
 
 
 @contextlib.contextmanager
-def signals_interrupt():
+def signals_deferred():
+    """A stop that comes inside the block is raised when it ends. For imports of compiled extensions (torch): their
+    initialization calls Python code from C++ frames that cannot pass an exception on, and one raised there takes
+    the process down (`terminate called after throwing ... pybind11::error_already_set`, exit -6)."""
+    _DEFERRED.append(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.pop()
+    if _STOPPING and not _DEFERRED:
+        raise Interrupted(_STOPPING[0])
+
+
+@contextlib.contextmanager
+def signals_interrupt(ignore_after: bool = False):
     """While a command runs, SIGINT, SIGTERM and SIGHUP raise Interrupted (once); signals the process was started
     ignoring (nohup, a background job) stay ignored, and the handlers are put back after, unless a signal stopped
     the command: then they stay ignored through exit (Python resets its own handlers at exit, and a second Ctrl-C
-    would end the process with rc -2 or a traceback)."""
+    would end the process with rc -2 or a traceback). `ignore_after`: the process's own command: they stay ignored
+    after it, first thing, whatever happened."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -138,7 +157,12 @@ def signals_interrupt():
     try:
         yield
     finally:
+        if ignore_after:
+            for s in SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
         for s, h in previous.items():
+            if ignore_after:
+                continue
             if _STOPPING:
                 _STOPPED_FROM[s] = h
             else:

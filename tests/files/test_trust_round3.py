@@ -3,6 +3,7 @@ its bytes, the cost of recording input hashes, and a single Ctrl-C at any moment
 is one line naming what it waited for or read, the limit, and the next step."""
 
 import json
+import os
 import re
 import signal
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_reliability import child_env
 
+from fimoe_convert.entry import EARLY_STOP
 from fimoe_convert.errors import InputError
 
 # ------------------------------------------------------------- 1. a torchrun rank whose peers never come
@@ -241,6 +243,68 @@ def test_a_single_ctrl_c_at_any_moment_prints_one_line(tiny_ckpt, tmp_path, dela
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     _one_stop_line(proc.returncode, err, out)
+
+
+SIGINT_ON_IMPORT = """
+import os, signal, sys
+class _Stop:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["FIMOE_TEST_STOP_AT"]:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the CLI's modules load
+        return None
+sys.meta_path.insert(0, _Stop())
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "fimoe_convert.console", "fimoe_convert.options"])
+@pytest.mark.parametrize("how", [["-m", "fimoe_convert"], ["-c", "from fimoe_convert.entry import run; run()"]])
+def test_a_ctrl_c_while_the_cli_loads_prints_one_line(tmp_path, module, how):
+    """Before the CLI's own handlers exist: the same one line and 130, not Python's traceback and -2."""
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_ON_IMPORT)
+    env = child_env(FIMOE_TEST_STOP_AT=module)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    r = subprocess.run([sys.executable, *how, "targets"], env=env, capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (r.returncode, r.stderr, r.stdout) == (130, EARLY_STOP, "")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_torch_import_is_raised_after_it(handlers_kept, signum):
+    """A compiled extension's initialization calls Python from C++ frames that cannot pass an exception on (exit -6
+    once, in the middle of `import torch`): inside signals_deferred the stop is held, and raised when it ends."""
+    from fimoe_convert.console import Interrupted, signals_deferred, signals_interrupt
+
+    went_on = []
+    with signals_interrupt(), pytest.raises(Interrupted) as stop, signals_deferred():
+        os.kill(os.getpid(), signum)
+        for _ in range(1000):  # the handler runs at one of these bytecodes
+            went_on.append(1)
+    assert len(went_on) == 1000 and stop.value.signum == signum
+
+
+SIGINT_AS_THE_COMMAND_ENDS = """
+import os, signal, click.core
+_main = click.core.Command.main
+def main(self, *a, **kw):
+    try:
+        return _main(self, *a, **kw)
+    finally:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just as the command's exit is under way
+click.core.Command.main = main
+"""
+
+
+@pytest.mark.parametrize("args", [["targets"], ["inspect", "no-such-folder"]])
+def test_a_ctrl_c_as_the_command_ends_prints_one_line(tmp_path, args):
+    """The signal lands while the command's own exit (SystemExit) is under way, before its handlers are taken
+    down: one line and 130, not an uncaught exception (which took the process down with exit -6 once)."""
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_AS_THE_COMMAND_ENDS)
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    r = subprocess.run([sys.executable, "-m", "fimoe_convert", *args], env=env, capture_output=True, text=True,
+                       timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (r.returncode, r.stderr.splitlines()[-1:]) == (130, [EARLY_STOP.strip()]), r.stderr
 
 
 @pytest.fixture
