@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import test_source as damage
 from click.testing import CliRunner
+from helpers.hub_files import QuietServer
 
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
@@ -540,7 +541,7 @@ def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
     run("upload", hub_out, "someone/converted", "--dry-run")
     # A child process against a hostile endpoint that echoes the token: the Hub path online, with -v.
     _EchoingHub.seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoingHub)
+    server = QuietServer(("127.0.0.1", 0), _EchoingHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         hostile = child_env(**{**env, "HF_HUB_OFFLINE": "0"}, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",

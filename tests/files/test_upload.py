@@ -24,13 +24,14 @@ import socket
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
+from helpers.hub_files import QuietServer
 
 from fimoe_convert import upload
 from fimoe_convert.cli import main
@@ -73,7 +74,7 @@ class FakeHub:
             def do_PUT(self):
                 hub._handle(self)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="fake-hub", daemon=True)
