@@ -273,14 +273,18 @@ def test_a_ctrl_c_while_the_cli_loads_prints_one_line(tmp_path, module, how):
 def test_a_stop_during_the_torch_import_is_raised_after_it(handlers_kept, signum):
     """A compiled extension's initialization calls Python from C++ frames that cannot pass an exception on (exit -6
     once, in the middle of `import torch`): inside signals_deferred the stop is held, and raised when it ends."""
-    from fimoe_convert.console import Interrupted, signals_deferred, signals_interrupt
+    import threading
 
-    went_on = []
+    from fimoe_convert.console import Interrupted, signals_deferred, signals_interrupt, stopped_by
+
+    reached_end = False
     with signals_interrupt(), pytest.raises(Interrupted) as stop, signals_deferred():
-        os.kill(os.getpid(), signum)
-        for _ in range(1000):  # the handler runs at one of these bytecodes
-            went_on.append(1)
-    assert len(went_on) == 1000 and stop.value.signum == signum
+        signal.pthread_kill(threading.main_thread().ident, signum)  # to this thread: its handler runs here
+        deadline = time.monotonic() + 10
+        while stopped_by() is None and time.monotonic() < deadline:
+            pass
+        reached_end = True  # without the deferral the handler's exception ends the block in the loop above
+    assert reached_end and stopped_by() == signum and stop.value.signum == signum
 
 
 SIGINT_AS_THE_COMMAND_ENDS = """
