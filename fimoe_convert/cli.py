@@ -19,17 +19,8 @@ import sys
 
 import click
 
-from . import __version__
-from .console import (
-    Interrupted,
-    Progress,
-    is_rank0,
-    plural,
-    setup_logging,
-    signals_deferred,
-    signals_interrupt,
-    stopped_by,
-)
+from . import __version__, console
+from .console import Interrupted, Progress, is_rank0, plural, setup_logging, signals_interrupt, stopped_by
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
@@ -244,7 +235,7 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
 
         check_stream_flags(src, flags["offline"], flags["revision"])
         stream_early(src, flags["revision"], memory.stream_bytes)
-    with signals_deferred():  # torch is imported here
+    with console.signals_deferred():  # torch is imported here
         from .conversion import convert
 
     gc.freeze()  # the ~190k objects of the imports (torch) out of the collector's passes: at exit they took 1.5-2 s
@@ -422,7 +413,7 @@ def _presets_text() -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 def verify_cmd(out, deep, src, as_json):
     """Check every file of OUT against its manifest (exit 1 naming the first bad file)."""
-    with signals_deferred():  # torch is imported here
+    with console.signals_deferred():  # torch is imported here
         from .verification import verify
 
     progress = Progress("verifying", enabled=not as_json)
@@ -492,7 +483,7 @@ def download_cmd(src, revision, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 def demo_cmd(workdir, as_json):
     """Make a tiny V4 checkpoint, convert it to BF16 and to a FlashInfer layout, verify both, summarize."""
-    with signals_deferred():  # torch is imported here
+    with console.signals_deferred():  # torch is imported here
         from .demo import run_demo
 
     r = run_demo(workdir, log=None if as_json else click.echo)
