@@ -306,7 +306,8 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("victim, skip, budget, named", [
-    ("model-", 0, 2_500_000, r"model-0000[3-9]-of-000\d\d\.safetensors"),  # mid-shard, after two shards
+    # mid-shard, past the first: a lane writes two shards at once, and either open one may find the disk full
+    ("model-", 0, 2_500_000, r"model-0000[2-9]-of-000\d\d\.safetensors"),
     (MANIFEST, 3, 100, re.escape(MANIFEST)),  # the 4th manifest rewrite
     (INDEX, 0, 10, re.escape(INDEX)),  # while writing the final metadata
 ])
@@ -337,7 +338,7 @@ def test_disk_full(tiny_ckpt, tmp_path, monkeypatch, victim, skip, budget, named
     monkeypatch.undo()
     r = cli(tiny_ckpt, out, "--shard-size", "1MB", "--resume", "--json")
     assert r.exit_code == 0, r.output
-    assert victim != "model-" or json.loads(r.stdout)["shards_kept"] >= 2
+    assert victim != "model-" or json.loads(r.stdout)["shards_kept"] >= 1
     assert cli("verify", out).exit_code == 0
     assert tree_hash(tiny_ckpt) == before
 
