@@ -112,8 +112,6 @@ class Interrupted(KeyboardInterrupt):
 
 _STOPPING: list[int] = []  # the signal that stopped this process: ignored to the end (a second Ctrl-C)
 _STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this process runs another command (tests)
-
-
 _DEFERRED: list[bool] = []  # inside signals_deferred(): a stop is raised when the block ends
 
 
@@ -160,12 +158,10 @@ def signals_interrupt(ignore_after: bool = False):
         if ignore_after:
             for s in SIGNALS:
                 signal.signal(s, signal.SIG_IGN)
-        for s, h in previous.items():
-            if ignore_after:
-                continue
-            if _STOPPING:
-                _STOPPED_FROM[s] = h
-            else:
+        elif _STOPPING:
+            _STOPPED_FROM.update(previous)
+        else:
+            for s, h in previous.items():
                 signal.signal(s, h)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 
+# cli._interrupted's line, spelled out: nothing of the package may load before the `try` below
 EARLY_STOP = "error: interrupted (SIGINT); nothing was left half-done\n"
 
 

@@ -336,7 +336,6 @@ class LiveManifest:
         self.closed = False
         self.pending = False  # a deferred change not written yet
         self.written_at = time.monotonic()  # the first manifest is written as this object is made
-        self.writes = 0
 
     def update(self, change: Callable[[Manifest], None], defer: bool = False) -> None:
         with self.lock:
@@ -360,7 +359,6 @@ class LiveManifest:
         write_manifest(self.out_dir, self.manifest)
         self.pending = False
         self.written_at = time.monotonic()
-        self.writes += 1
 
     def close(self) -> None:
         with self.lock:
