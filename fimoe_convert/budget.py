@@ -20,6 +20,7 @@ SHARDS_PER_LANE = 2  # shards a lane writes at once, a sha256 each: a whole-bloc
 READ_AHEAD_MAX = 128 << 20  # bytes a lane reads or converts ahead of its writer, unless two units need more
 MAX_LANES = 4  # one sha256 per lane; more lanes than this gained nothing on the machines measured
 CORES_PER_LANE = 4  # a lane keeps a reader, a converter, a writer and a hasher busy
+DEVICE_SHARE = 2  # a CUDA conversion's outputs wait on the device when the budget is at most 1/2 of its memory
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,11 @@ class MemoryBudget:
     def stream_bytes(self) -> int:
         """Bytes --stream may hold of source tensors that arrive before the lanes ask for them."""
         return self.total // STREAM_SHARE
+
+    def fits_device(self, device_bytes: int) -> bool:
+        """Whether the outputs in flight (at most the budget) may wait on a device of `device_bytes` to be written,
+        leaving the rest to the unit being converted: no pinned host copy of them, and a copy fewer."""
+        return self.total * DEVICE_SHARE <= device_bytes
 
     def check_unit(self, key: str, out_bytes: int, ep_size: int, experts: int, by_rank: bool) -> None:
         """Refuse (naming the memory and, for a target whose units shrink with --ep-size (`by_rank`), the --ep-size

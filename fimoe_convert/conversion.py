@@ -107,6 +107,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     opts = ConvertOptions.parse(target, ep_size=ep_size, device=device, arch=arch, max_memory=max_memory,
                                  shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
                                  overwrite=overwrite, writers=writers)
+    _mark("options")
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
     _check_flags(src, offline, revision, group, stream, upload_repo)
@@ -114,9 +115,11 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     source, converter = _checked(group, lambda: _open(src, revision, offline, stream and not dry_run,
                                                       not dry_run or resume), opts, out_dir, resume, overwrite)
     _check_model(model, config, source)
+    _mark("opened")
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, converter, opts.shard_bytes)
     biggest = _check_memory(plan, opts, source.model.n_routed_experts)
+    _mark("planned")
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
     with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
         # 4. What an earlier run into OUT left, if it read the same source files.
@@ -135,6 +138,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
         manifest = _first_write(out_dir, _first_manifest(source, converter, opts, plan, kept, carried), group,
                                 overwrite)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
+        _mark("manifest")
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
@@ -161,6 +165,11 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
 
         result.upload = upload(str(out_dir), upload_repo)
     return _done(result, opts, t0)
+
+
+def _mark(step: str) -> None:
+    """A `-vv` timeline line: where convert()'s start goes."""
+    log.debug("timeline %.3f %s", time.perf_counter(), step)
 
 
 def _check_model(model: str | None, config: str | None, source: Source) -> None:

@@ -40,11 +40,10 @@ class Kernel:
     # with uint8 scales, "fp4_e8m0" the same with float8_e8m0fnu scales, "bf16" the exact dequant)
     config_class: str | None = None
     pack_format: str | None = None
-    # The layout of N experts is the layouts of chunks of them, concatenated (checked against the whole-block call by
-    # tests/targets/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow with
-    # them.
+    # The layout of N experts is the layouts of chunks of them, concatenated, but for leaves that do not grow with
+    # the experts, which every chunk gives alike (checked against the whole-block call by
+    # tests/targets/test_targets_moe_ep.py): units are then chunks of a rank's experts, so memory does not grow.
     expert_chunks: bool = False
-    expert_chunks_unless: dict[str, str] = field(default_factory=dict)  # a --param value under which they are not
     # The only dataclasses a stored structure of this target may name ("module:qualname" -> {field: "tensor" or a
     # plain type}): the runtime imports these exact names, never one read from a manifest.
     structure_classes: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -118,7 +117,7 @@ KERNELS: tuple[Kernel, ...] = (
             capabilities=("9.0",), weights="fp8_e4m3 (FlashInfer requantizes the exact BF16 dequant; ~2% rel. L2)",
             activations="fp8_e4m3", config_class="Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig", pack_format="bf16",
             aliases=("sm90_pull_fp8",), needs_nvshmem=True, params={"fp8_scale_mode": ("per_tensor", "blockwise")},
-            expert_chunks=True, expert_chunks_unless={"fp8_scale_mode": "per_tensor"}),  # one scale for all experts
+            expert_chunks=True),  # per_tensor: a scale per expert; the activation scales are expert-invariant
     _moe_ep("sm100_nvfp4_nvfp4_bf16_cutedsl",
             "SM100 CuTe-DSL megakernel, NVFP4 weights requantized by FlashInfer (preprocessing needs CUDA)",
             capabilities=SM100, weights="nvfp4 (FlashInfer requantizes the exact BF16 dequant)", activations="nvfp4",

@@ -76,12 +76,14 @@ class ConvertOptions:
             target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size, params=params,
             resume=resume, overwrite=overwrite, writers=writers)
         dev = resolve_device(device)
-        if cap is None and dev == "cuda":
+        on_device = False
+        if dev == "cuda":
             import torch
 
-            cap = torch.cuda.get_device_capability()
+            cap = cap or torch.cuda.get_device_capability()
+            on_device = memory.fits_device(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}),
-                             unit_bytes=memory.unit_bytes)
+                             unit_bytes=memory.unit_bytes, device_outputs=on_device)
         return cls(kernel, opts, shard_bytes, memory, writers)
 
     def record(self) -> dict:

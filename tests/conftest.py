@@ -56,7 +56,7 @@ def hub_cache(tiny_ckpt, tmp_path, monkeypatch) -> Path:
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device (run on the lent H200)")
+    skip = pytest.mark.skip(reason="needs a CUDA device (the GPU tests run on an H200)")
     for item in items:
         if item.get_closest_marker("gpu"):  # not `in item.keywords`: that also matches a folder named gpu
             item.add_marker(skip)

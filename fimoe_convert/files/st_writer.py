@@ -42,18 +42,30 @@ def _is_direct(f) -> bool:
 
 
 class _Block:
-    """One page-aligned staging buffer of IO_BLOCK bytes (anonymous mmap: O_DIRECT needs the alignment)."""
+    """One page-aligned staging buffer of IO_BLOCK bytes (O_DIRECT needs the alignment): an anonymous mmap, or
+    `pinned` CUDA host memory, which a device-to-host copy fills directly (no bounce through other host memory)."""
 
-    def __init__(self):
+    def __init__(self, pinned: bool = False):
         import numpy as np  # here: numpy costs a third of a second of the CLI's start-up, and only writes need it
 
-        self.mem = mmap.mmap(-1, IO_BLOCK)
-        self.arr = np.frombuffer(self.mem, dtype=np.uint8)
+        self.pinned = pinned
+        if pinned:
+            import torch
+
+            self.t = torch.empty(IO_BLOCK, dtype=torch.uint8, pin_memory=True)
+            if self.t.data_ptr() % DIRECT_ALIGN:
+                raise AssertionError(f"pinned staging block at {self.t.data_ptr():#x}: not {DIRECT_ALIGN}-aligned")
+            self.arr = self.t.numpy()
+            self.mem = self.arr
+        else:
+            self.mem = mmap.mmap(-1, IO_BLOCK)
+            self.arr = np.frombuffer(self.mem, dtype=np.uint8)
         self.n = 0  # bytes of data in it
         self.users = 0  # threads (writer, hasher) still holding it
 
 
-_SPARE: list[_Block] = []  # blocks of finished writers, reused: their pages are already mapped in
+# Blocks of finished writers, by pinned or not, reused: their pages are already mapped in (and pinned)
+_SPARE: dict[bool, list[_Block]] = {False: [], True: []}
 _SPARE_LOCK = threading.Lock()
 
 
@@ -63,9 +75,10 @@ class _StagedFile:
     release the GIL, so the three run on separate cores). O_DIRECT files get their last block padded to
     DIRECT_ALIGN and are truncated back to the data's size."""
 
-    def __init__(self, f, path: Path):
-        self.f, self.path = f, path
+    def __init__(self, f, path: Path, pinned: bool = False):
+        self.f, self.path, self.pinned = f, path, pinned
         self.direct = _is_direct(f)
+        self._stream = None  # the CUDA stream of this file's device-to-host copies
         self.size = 0
         self.error: OSError | None = None
         self._sha = sha256()
@@ -94,6 +107,30 @@ class _StagedFile:
             off += k
             if blk.n == IO_BLOCK:
                 self._submit()
+        self.size += n
+
+    def write_device(self, src) -> None:
+        """Append the bytes of the flat uint8 CUDA tensor `src`, copied by DMA straight into the staging blocks on
+        a stream of this file's own (the converter's stream keeps computing the next unit)."""
+        import torch
+
+        self._raise_if_failed()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=src.device)
+        off, n = 0, src.numel()
+        with torch.cuda.stream(self._stream):
+            while off < n:
+                if self._cur is None:
+                    self._cur = self._take()
+                blk = self._cur
+                k = min(IO_BLOCK - blk.n, n - off)
+                blk.t[blk.n:blk.n + k].copy_(src[off:off + k], non_blocking=True)
+                blk.n += k
+                off += k
+                if blk.n == IO_BLOCK:
+                    self._stream.synchronize()
+                    self._submit()
+        self._stream.synchronize()  # `src` may be freed, and the last block's bytes are in place
         self.size += n
 
     def close(self) -> str:
@@ -128,8 +165,8 @@ class _StagedFile:
                 t.join()
             self._threads = []
             with _SPARE_LOCK:
-                keep = self._free[:max(0, STAGE_BLOCKS - len(_SPARE))]
-                _SPARE.extend(keep)
+                spare = _SPARE[self.pinned]
+                spare.extend(self._free[:max(0, STAGE_BLOCKS - len(spare))])
             self._free = []
 
     def _raise_if_failed(self) -> None:
@@ -145,9 +182,9 @@ class _StagedFile:
                 return self._free.pop()
             self._owned += 1
         with _SPARE_LOCK:
-            if _SPARE:
-                return _SPARE.pop()
-        return _Block()
+            if _SPARE[self.pinned]:
+                return _SPARE[self.pinned].pop()
+        return _Block(self.pinned)
 
     def _submit(self) -> None:
         blk, self._cur = self._cur, None
@@ -189,6 +226,12 @@ class _StagedFile:
             self._release(blk)
 
 
+def _uint8():
+    import torch
+
+    return torch.uint8
+
+
 def _as_bytes(data):
     """The bytes of a CPU tensor (row-major) or a bytes-like object as a flat uint8 numpy array, without a copy
     where the data is already contiguous."""
@@ -211,7 +254,8 @@ class ShardWriter:
     planned byte arrived, fsyncs and renames. Leaving the `with` block without `finish()` deletes the
     temporary file."""
 
-    def __init__(self, path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None):
+    def __init__(self, path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None,
+                 pinned: bool = False):
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
         self.planned = list(tensors)
@@ -225,7 +269,7 @@ class ShardWriter:
                 f = open(self.tmp, "wb", buffering=0, opener=_direct_opener)  # noqa: SIM115 - _StagedFile closes it
             except OSError as e:
                 raise write_failed(self.path, e) from e
-            self._out = _StagedFile(f, self.path)
+            self._out = _StagedFile(f, self.path, pinned)
             self._out.write(_as_bytes(build_header(self.planned, metadata)))
         except BaseException:  # Ctrl-C included: the temporary goes, whatever step it was at
             self.abort()
@@ -248,12 +292,19 @@ class ShardWriter:
         self._next += 1
 
     def write_part(self, data) -> None:
-        src = _as_bytes(data)
-        if len(src) > self._left:
+        """The next bytes of the current tensor: a tensor (CPU, or CUDA: copied into pinned staging blocks where
+        the writer was made `pinned`, else through host memory) or a bytes-like object."""
+        device = self._out.pinned and getattr(data, "is_cuda", False)
+        src = data.detach().contiguous().reshape(-1).view(_uint8()) if device else _as_bytes(data)
+        n = src.numel() if device else len(src)
+        if n > self._left:
             raise AssertionError(f"{self.path.name}: tensor {self.planned[self._next - 1].name!r} "
-                                 f"got {len(src)} bytes with {self._left} left")
-        self._out.write(src)
-        self._left -= len(src)
+                                 f"got {n} bytes with {self._left} left")
+        if device:
+            self._out.write_device(src)
+        else:
+            self._out.write(src)
+        self._left -= n
 
     def end_tensor(self) -> None:
         if self._left:

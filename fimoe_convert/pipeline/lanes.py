@@ -165,7 +165,8 @@ class _ShardJob:
         try:
             log.debug("timeline %.3f open %s", time.perf_counter(), shard.filename)
             planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
-            with ShardWriter(lanes.out_dir / shard.filename, planned, SHARD_METADATA) as writer:
+            with ShardWriter(lanes.out_dir / shard.filename, planned, SHARD_METADATA,
+                             pinned=self.feeder.target.opts.device_outputs) as writer:
                 for t in shard.tensors:
                     writer.begin_tensor(t.name)
                     last = False

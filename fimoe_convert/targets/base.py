@@ -51,8 +51,13 @@ class Target(ABC):
 
     @abstractmethod
     def run(self, unit: Unit, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Turn one unit's source tensors (typed CPU tensors, by name) into its outputs (CPU, by name), on
-        the options' device."""
+        """Turn one unit's source tensors (typed CPU tensors, by name) into its outputs (by name, through
+        `output`), on the options' device."""
+
+    def output(self, t: torch.Tensor) -> torch.Tensor:
+        """An output of `run`: a CUDA result stays on the device where the options allow it (the writer copies it
+        straight into its pinned write buffers), else goes to pinned host memory (`to_host`)."""
+        return t if self.opts.device_outputs and t.device.type == "cuda" else to_host(t)
 
     def recycle(self, tensor: torch.Tensor) -> None:  # noqa: B027 - a hook most targets leave as it is
         """The converter is done with `tensor`, an output of `run`: a target may reuse its memory."""

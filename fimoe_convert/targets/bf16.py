@@ -15,7 +15,7 @@ import torch
 from ..checkpoint import EXPERT_LEGS, ModelSpec, expert_name, fp8_linears, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
-from .base import OutputPool, Target, check_scales, to_host
+from .base import OutputPool, Target, check_scales
 
 
 class Bf16Target(Target):
@@ -51,7 +51,7 @@ class Bf16Target(Target):
         device = self.opts.device
         if unit.dense:
             (w, s), (t,) = unit.inputs, unit.outputs
-            return {t.name: to_host(dequant_fp8_block_to_bf16(inputs[w].to(device), inputs[s].to(device),
+            return {t.name: self.output(dequant_fp8_block_to_bf16(inputs[w].to(device), inputs[s].to(device),
                                                               self.model.weight_block_size))}
         out = {}
         for t in unit.outputs:
@@ -64,7 +64,7 @@ class Bf16Target(Target):
                 y = dequant_fp4_to_bf16(w, s, out=self._pool.take(t.shape, torch.bfloat16))
             else:
                 y = dequant_fp4_to_bf16(w, s)
-            out[t.name] = to_host(y)
+            out[t.name] = self.output(y)
         return out
 
     def recycle(self, tensor: torch.Tensor) -> None:

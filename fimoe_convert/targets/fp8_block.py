@@ -27,7 +27,7 @@ from ..dtypes import FP4_GROUP
 from ..errors import LossyRepackError
 from ..numerics.fp8 import EXACT_SPAN, e8m0_to_f32, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
-from .base import Target, check_scales, to_host
+from .base import Target, check_scales
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
 MAX_EXAMPLES = 5  # lossy tiles named in the report
@@ -114,7 +114,7 @@ class Fp8BlockTarget(Target):
             r = fp4_to_fp8_block(w, s, block)
             self._account(unit.key, wname, r, s, block, allow_lossy)
             scale = r.tile_scales_f32() if self.f32 else r.tile_scales_e8m0()
-            out[wname], out[sname] = to_host(r.weight), to_host(scale)
+            out[wname], out[sname] = self.output(r.weight), self.output(scale)
         return out
 
     def _account(self, key: str, name: str, r, scales: torch.Tensor, block: tuple[int, int], allow_lossy: bool

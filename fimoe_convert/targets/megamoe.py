@@ -19,7 +19,7 @@ from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
-from .base import Target, check_scales, kernel_target_config, prefix, to_host
+from .base import Target, check_scales, kernel_target_config, prefix
 
 LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
 # Leaf order of the object mxfp4_mega_moe takes: (l1, l2, l1_global_scales, l2_global_scales). In the file each
@@ -117,7 +117,7 @@ class MegaMoeTarget(Target):
         got = self.transform(unit, inputs)
         out = {}
         for t in unit.outputs:
-            v = to_host(got[t.name])
+            v = self.output(got[t.name])
             if tuple(v.shape) != t.shape:
                 raise AssertionError(f"{t.name}: FlashInfer returned shape {tuple(v.shape)}, planned {t.shape}")
             out[t.name] = v

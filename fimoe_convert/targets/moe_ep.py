@@ -5,12 +5,15 @@ takes at load time: the registry builds the kernel backend from its config, and
 `backend.preprocess_weights(MoEWeightPack, FleetParams)` returns the transformed weights. This module
 only builds the pack (the FP4 checkpoint verbatim, or its exact BF16 dequant) and stores the result
 faithfully (numerics.structure). Output shapes are asked of FlashInfer by preprocessing one and two
-all-zero experts (every leaf dimension is linear in the expert count)."""
+all-zero experts (every leaf dimension is linear in the expert count). A leaf of the same shape for one and two
+experts (SM90 FP8's per-tensor activation scales) is expert-invariant: where units are chunks of a rank's experts,
+the rank's first chunk writes it and every other chunk must give the same bytes."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 import torch
 
@@ -20,7 +23,7 @@ from ..dtypes import st_dtype, tensor_nbytes
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..numerics.structure import flatten
 from ..plan import OutTensor, Unit
-from .base import Target, check_scales, kernel_target_config, prefix, to_host
+from .base import Target, check_scales, kernel_target_config, prefix
 from .families import kernel_config
 
 PROBE_TOKENS = 128  # FleetParams.max_tokens_per_rank for preprocessing; the layouts do not depend on it
@@ -40,6 +43,8 @@ class MoeEpTarget(Target):
     def __init__(self, *args):
         super().__init__(*args)
         self._probes: dict[int, tuple[dict, dict]] = {}
+        self._invariant: dict[str, torch.Tensor] = {}  # leaf name -> the bytes the first chunk to run gave
+        self._lock = threading.Lock()  # lanes run units on threads of their own
 
     # FlashInfer calls ------------------------------------------------------------------------------
 
@@ -99,9 +104,12 @@ class MoeEpTarget(Target):
 
     def chunks(self) -> bool:
         """Whether units may be chunks of a rank's experts (the kernel table says; tests check it)."""
-        k = self.kernel
-        return k.expert_chunks and not any(self.opts.params.get(p, k.params[p][0]) == v
-                                           for p, v in k.expert_chunks_unless.items())
+        return self.kernel.expert_chunks
+
+    def invariant_leaves(self, prefix: str) -> set[str]:
+        """Leaves under `prefix` whose shape does not grow with the experts (same for one and two)."""
+        one, two = self._probe(1)[1], self._probe(2)[1]
+        return {prefix + k.removeprefix(PROBE_PREFIX) for k in one if one[k] == two[k]}
 
     def units(self) -> list[Unit]:
         """One unit per MoE block and EP rank, or, where the layout allows it, per chunk of the rank's experts of
@@ -112,10 +120,12 @@ class MoeEpTarget(Target):
             for rank, (lo, hi) in enumerate(self.ranks()):
                 pre = prefix(block, rank)
                 step = max(1, (self.opts.unit_bytes or UNIT_BYTES_MAX) // per_expert) if self.chunks() else hi - lo
+                once = self.invariant_leaves(pre)
                 for a in range(lo, hi, step):
                     b = min(hi, a + step)
                     key = pre if (a, b) == (lo, hi) else f"{pre}.{a}-{b}"
-                    outs = tuple(OutTensor(k, d, s, key, rank) for k, (d, s) in self.planned(b - a, pre)[1].items())
+                    outs = tuple(OutTensor(k, d, s, key, rank) for k, (d, s) in self.planned(b - a, pre)[1].items()
+                                 if a == lo or k not in once)  # an invariant leaf: written by the first chunk
                     ins = tuple(expert_name(block, j, leg, kind) for j in range(a, b)
                                 for leg in EXPERT_LEGS for kind in ("weight", "scale"))
                     units.append(Unit(key, block, rank, (a, b), ins, outs))
@@ -127,8 +137,9 @@ class MoeEpTarget(Target):
         check_scales(inputs)
         lo, hi = unit.experts
 
-        def stack(leg, kind):
-            return torch.stack([inputs[expert_name(unit.block, j, leg, kind)] for j in range(lo, hi)])
+        def stack(leg, kind):  # on the device: pinned inputs copy without waiting, and the stack is a device copy
+            return torch.stack([inputs[expert_name(unit.block, j, leg, kind)].to(self.opts.device, non_blocking=True)
+                                for j in range(lo, hi)])
 
         pack = self.build_pack(stack("w1", "weight"), stack("w3", "weight"), stack("w2", "weight"),
                                stack("w1", "scale"), stack("w3", "scale"), stack("w2", "scale"), self.model)
@@ -137,16 +148,32 @@ class MoeEpTarget(Target):
         want, _ = self.planned(hi - lo, pre)
         if structure != want:
             raise AssertionError(f"{unit.key}: FlashInfer's output structure differs from the planned one")
+        if unit.key != pre:  # a chunk: its invariant leaves must be those of every other chunk of the rank
+            for name in sorted(tensors.keys() & self.invariant_leaves(pre)):
+                self._same_in_every_chunk(unit, name, tensors[name])
         out = {}
         for t in unit.outputs:
             v = tensors.pop(t.name, None)
             if v is None or tuple(v.shape) != t.shape or st_dtype(v.dtype) != t.dtype:
                 got = None if v is None else (st_dtype(v.dtype), tuple(v.shape))
                 raise AssertionError(f"{t.name}: FlashInfer returned {got}, planned {(t.dtype, t.shape)}")
-            out[t.name] = to_host(v)
+            out[t.name] = self.output(v)
+        for name in tensors.keys() & self.invariant_leaves(pre):  # checked above, written by the first chunk
+            del tensors[name]
         if tensors:
             raise AssertionError(f"{unit.key}: FlashInfer returned unplanned tensors {sorted(tensors)}")
         return out
+
+    def _same_in_every_chunk(self, unit: Unit, name: str, value: torch.Tensor) -> None:
+        """An invariant leaf must have the same bytes in every chunk of a rank (the first writes it); otherwise
+        the layout does not split by expert, and the kernel table must say so."""
+        got = value.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
+        with self._lock:
+            first = self._invariant.setdefault(name, got)
+        if not torch.equal(first, got):
+            raise AssertionError(f"{unit.key}: {name} differs between chunks of the rank's experts; "
+                                 f"{self.kernel.name} does not split by expert: set expert_chunks=False in its row "
+                                 "of the kernel table")
 
     def layers_record(self, units: list[Unit]) -> dict:
         rec: dict[str, dict] = {}

@@ -25,6 +25,8 @@ class TargetOptions:
     # Output bytes per unit that a target able to split its work aims for (from --max-memory); any value
     # gives the same output, so it is not recorded.
     unit_bytes: int | None = None
+    # A CUDA conversion's outputs stay on the device until written (budget.MemoryBudget.fits_device); not recorded
+    device_outputs: bool = False
 
     def to_json(self) -> dict:
         return {"ep_size": self.ep_size, "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}",

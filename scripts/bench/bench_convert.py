@@ -3,7 +3,7 @@
 The floor: read every source file once, then write the same number of output bytes sequentially
 and fsync them. Prints `ratio convert/floor: X.XXx` (goal <= 1.25) and peak RSS of the conversion.
 
-usage: python3 scripts/bench/bench_convert.py [--target bf16] [--device cpu|cuda] [--work DIR] [--layers N]
+usage: python3 scripts/bench/bench_convert.py [--target bf16] [--device cpu|cuda] [--arch X.Y] [--work DIR] [--layers N]
        [--experts E] [--preset flash-geometry|pro-geometry] [--max-memory 8GiB] [--shard-size 5GB] [--json FILE]
 
 --experts 256 --preset flash-geometry is V4-Flash's exact expert geometry (256 experts of 4096x2048 per layer);
@@ -81,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="bf16")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--arch", default=None, help="as the CLI's (a target made for another GPU, converted on this one)")
     ap.add_argument("--work", default="/tmp/fimoe-bench")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--max-memory", default="8GiB")
@@ -106,7 +107,8 @@ def main() -> None:
     out = work / "out"
     # Warm the page cache equally for both measurements: each reads the source once before timing.
     floor_seconds(src, 0, work / "warm")
-    wall, rss, res = run_convert(src, out, args.target, args.device, args.max_memory, ("--shard-size", args.shard_size))
+    extra = ("--shard-size", args.shard_size, *(("--arch", args.arch) if args.arch else ()))
+    wall, rss, res = run_convert(src, out, args.target, args.device, args.max_memory, extra)
     out_bytes = sum(p.stat().st_size for p in out.iterdir())
     in_bytes = sum(p.stat().st_size for p in src.iterdir())
     shutil.rmtree(out)

@@ -3,6 +3,7 @@ and rank loaded through the runtime loader is bit-identical (structure, dtypes, 
 bytes) to FlashInfer's own preprocess function called directly on the same experts."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,8 +112,7 @@ def test_manifest_structure_of_kernel_output(kernel_ckpt, tmp_path):
 
 
 
-CHUNKED = [(t, p) for t, p in CPU_TARGETS if t not in ("sm120_mxfp4_mxfp8_bf16_cake",)
-           and p != ["fp8_scale_mode=per_tensor"]]
+CHUNKED = [(t, p) for t, p in CPU_TARGETS if t not in ("sm120_mxfp4_mxfp8_bf16_cake",)]
 
 
 @pytest.mark.parametrize("target, params", CHUNKED, ids=[f"{t}{'-' + p[0] if p else ''}" for t, p in CHUNKED])
@@ -131,10 +131,38 @@ def test_expert_chunks_give_the_bytes_of_whole_blocks(kernel_ckpt, tmp_path, tar
     assert outs["2MiB"] == outs["8GiB"]
 
 
+# A FlashInfer whose per-tensor activation scale (an expert-invariant leaf) changes from one call to the next.
+DRIFTING_INVARIANT = """
+import sys
+from fimoe_convert import convert
+from fimoe_convert.targets.moe_ep import MoeEpTarget
+
+real, calls = MoeEpTarget.preprocess, []
+
+def preprocess(self, model, pack, n):
+    (fc1, fc2), _ = real(self, model, pack, n), calls.append(n)
+    return (fc1[0], fc1[1], fc1[2] * len(calls), fc1[3]), fc2
+
+MoeEpTarget.preprocess = preprocess
+convert(sys.argv[1], sys.argv[2], "sm90_fp8_fp8_bf16_pull_cutedsl", max_memory="2MiB")
+"""
+
+
+def test_chunks_whose_invariant_leaves_differ_are_refused(kernel_ckpt, tmp_path):
+    """The first chunk of a rank writes an expert-invariant leaf; a later chunk that gives other bytes stops the
+    run naming the chunk and the leaf (the layout would then not split by expert)."""
+    r = subprocess.run([sys.executable, "-c", DRIFTING_INVARIANT, str(kernel_ckpt), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert re.search(r"AssertionError: layers\.0\.ffn\.experts\.ep0\.\d+-\d+: layers\.0\.ffn\.experts\.ep0\.fc1\.2 "
+                     r"differs between chunks of the rank's experts; sm90_fp8_fp8_bf16_pull_cutedsl does not split by "
+                     r"expert", r.stderr), r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("target, params, chunks", [
     ("sm100_mxfp8_mxfp4_bf16_cutedsl", {}, True),
     ("sm90_fp8_fp8_bf16_pull_cutedsl", {"fp8_scale_mode": "blockwise"}, True),
-    ("sm90_fp8_fp8_bf16_pull_cutedsl", {}, False),  # per_tensor: one scale over all of a rank's experts
+    ("sm90_fp8_fp8_bf16_pull_cutedsl", {}, True),  # per_tensor: a scale per expert, activation scales invariant
     ("sm120_mxfp4_mxfp8_bf16_cake", {}, False),  # a part of each leg's scales does not grow with the experts
 ])
 def test_which_layouts_split_by_expert(target, params, chunks):
