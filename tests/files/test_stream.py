@@ -140,14 +140,10 @@ def moe_ep_workers(tmp_path_factory):
         return got
 
     yield ask
-    for w in workers.values():  # end of input: each worker returns
+    for w in workers.values():  # every answer read: nothing to wait for (torch's exit takes seconds)
         w.stdin.close()
-    for w in workers.values():
-        try:
-            w.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            w.kill()
-            w.wait()
+        w.kill()
+        w.wait()
 
 
 @pytest.mark.parametrize("kernel, kw", target_cases())
