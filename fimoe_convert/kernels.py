@@ -123,7 +123,8 @@ KERNELS: tuple[Kernel, ...] = (
             capabilities=SM100, weights="nvfp4 (FlashInfer requantizes the exact BF16 dequant)", activations="nvfp4",
             config_class="Sm100_Nvfp4_Nvfp4_Bf16_Cutedsl_MegaMoeConfig", pack_format="bf16", align=(64, 64),
             aliases=("nvfp4_cutedsl", "flashinfer_moe_ep_mega_cutedsl"),
-            vllm_moe_backend="flashinfer_moe_ep_mega_cutedsl", needs_nvshmem=True, preprocess_needs_cuda=True),
+            vllm_moe_backend="flashinfer_moe_ep_mega_cutedsl", needs_nvshmem=True, preprocess_needs_cuda=True,
+            preprocess_capabilities=SM100),  # ptxas refuses its cvt.e2m1x2.f32 for sm_90a (docs/GPU_CHECKS.md)
     _moe_ep("sm90_fp8_mxfp4_bf16_pull_cutedsl",
             "SM90 pull-style CuTe-DSL megakernel, FP8 activations x MXFP4 weights (preprocessing needs CUDA)",
             capabilities=("9.0",), weights="mxfp4 (FP4 checkpoint, FlashInfer's Humming scale fold)",

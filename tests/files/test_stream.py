@@ -4,15 +4,22 @@ injects faults: a corrupted byte, a dropped connection, a stalled answer, a 5xx,
 The reference is the same repo downloaded first (a seeded Hugging Face cache, converted offline)."""
 
 import hashlib
+import importlib.util
 import json
+import os
 import re
+import select
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
 from helpers.hub_files import HubFiles
+from helpers.stream_case import convert_both
 from test_upload import TOKEN, FakeHub, arrived, expected_files, hub  # noqa: F401 - `hub`: a Hub taking uploads
 
 import fimoe_convert.files.http_range as http_range
@@ -20,11 +27,40 @@ from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.files.stream import StreamedSource, end_early, open_streamed, stream_early
+from fimoe_convert.kernels import KERNELS, Kernel
 from fimoe_convert.testing import seed_hub_cache
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
 SHARDS = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
-TARGETS = {"bf16": {}, "fp8_block": {}, "megamoe_sm90_mxfp4": {"arch": "9.0", "ep_size": 2}}
+CASE = Path(__file__).parents[1] / "helpers" / "stream_case.py"
+WORKER_SECONDS = 600  # one case in a worker, at most
+
+
+def target_cases():
+    """Every row of the kernel table, and each --param value other than its default (they change the bytes): with
+    --ep-size 2 where the layout is sharded by rank, --arch one the kernel runs on, and --device cuda only where
+    FlashInfer's preprocessing needs it (those cases are `gpu`)."""
+    for k in KERNELS:
+        for params in [{}, *({key: v} for key, values in k.params.items() for v in values[1:])]:
+            kw = {"params": params, "device": "cuda" if k.preprocess_needs_cuda else "cpu", "shard_size": "1MB"}
+            kw |= {"ep_size": 2} if k.kernel_name else {}
+            kw |= {"arch": k.capabilities[0]} if k.capabilities else {}
+            yield pytest.param(k, kw, marks=[pytest.mark.gpu] if k.preprocess_needs_cuda else [],
+                               id="-".join([k.name, *(f"{a}={b}" for a, b in params.items())]))
+
+
+def skip_unless_it_converts_here(k: Kernel):
+    """The skip for a target this machine cannot convert, naming what is missing."""
+    missing = [m for m in k.needs_packages if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"--target {k.name} needs the Python package {' and '.join(missing)} (not installed)")
+    if k.preprocess_capabilities:
+        import torch
+
+        cap = "{}.{}".format(*torch.cuda.get_device_capability())
+        if cap not in k.preprocess_capabilities:
+            pytest.skip(f"--target {k.name}: FlashInfer's preprocessing runs on compute capability "
+                        f"{' or '.join(k.preprocess_capabilities)} only; this GPU is {cap}")
 
 
 @pytest.fixture
@@ -75,17 +111,56 @@ def shard_gets(server, name):
     return [r for m, p, r in server.requests if m == "GET" and p.endswith("/" + name)]
 
 
-@pytest.mark.parametrize("target", list(TARGETS))
-def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, tiny_ckpt, tmp_path, monkeypatch, target):
-    out = tmp_path / "streamed"
-    res = convert(REPO, str(out), target, stream=True, shard_size="1MB", **TARGETS[target])
-    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, target, shard_size="1MB", **TARGETS[target])
+@pytest.fixture(scope="module")
+def moe_ep_workers(tmp_path_factory):
+    """`ask(kernel, case)`: convert_both in a worker process, one for FlashInfer's SM90 moe_ep kernels and one for
+    the others (their kernel trees share module names); each imports torch and FlashInfer once."""
+    workers, log = {}, tmp_path_factory.mktemp("workers")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env |= {"HF_TOKEN": "", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(log / "hf-home")}
+
+    def ask(kernel: Kernel, case: dict) -> dict:
+        tree = "sm90" if "9.0" in kernel.capabilities else "other"
+        if tree not in workers:
+            with (log / f"{tree}.err").open("w") as err:
+                workers[tree] = subprocess.Popen([sys.executable, str(CASE)], stdin=subprocess.PIPE,
+                                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        w = workers[tree]
+        w.stdin.write(json.dumps(case) + "\n")
+        w.stdin.flush()
+        line = w.stdout.readline() if select.select([w.stdout], [], [], WORKER_SECONDS)[0] else ""
+        if not line:  # dead or stuck: the next case of this tree starts a fresh worker
+            w.kill()
+            w.wait()
+            del workers[tree]
+            pytest.fail(f"the {tree} worker gave no answer in {WORKER_SECONDS} s; its stderr ends: "
+                        + (log / f"{tree}.err").read_text()[-4000:])
+        got = json.loads(line)
+        assert "error" not in got, got["error"]
+        return got
+
+    yield ask
+    for w in workers.values():  # every answer read: nothing to wait for (torch's exit takes seconds)
+        w.stdin.close()
+        w.kill()
+        w.wait()
+
+
+@pytest.mark.parametrize("kernel, kw", target_cases())
+def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, moe_ep_workers, tiny_ckpt, tmp_path,
+                                                                  kernel, kw):
+    skip_unless_it_converts_here(kernel)
+    out, ref, cache, ref_cache = (tmp_path / n for n in ("streamed", "downloaded", "cache", "downloaded-cache"))
+    seed_hub_cache(tiny_ckpt, ref_cache, REPO, COMMIT)
+    case = {"repo": REPO, "target": kernel.name, "out": str(out), "ref": str(ref), "cache": str(cache),
+            "ref_cache": str(ref_cache), "kw": kw}
+    got = moe_ep_workers(kernel, {"endpoint": served.url, **case}) if kernel.family == "moe_ep" else convert_both(
+        **case)
     assert same_files(out, ref) == []  # shards, index, config, card, manifest (sha256 of every input) and all
-    assert verify(str(out))["problems"] == []
-    shard_bytes = sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
-    assert res.bytes_fetched == shard_bytes  # each shard once, nothing read twice
-    assert not list((tmp_path / "cache").rglob("*.safetensors"))  # no source shard on disk
-    assert sorted(p.name for p in (tmp_path / "cache").rglob("snapshots/*/*")) == sorted(
+    assert got["problems"] == []  # verify
+    assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS)  # each shard once
+    assert not list(cache.rglob("*.safetensors"))  # no source shard on disk
+    assert sorted(p.name for p in cache.rglob("snapshots/*/*")) == sorted(
         p.name for p in tiny_ckpt.iterdir() if p.suffix != ".safetensors")
 
 
@@ -264,10 +339,7 @@ def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  #
 def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, tmp_path, monkeypatch):
     """SIGKILL while the last source shard streams (its answer stalls): the shards recorded as finished are kept
     by --resume, which streams only the source shards the others need."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     late = SHARDS[3]
     size = (tiny_ckpt / late).stat().st_size
