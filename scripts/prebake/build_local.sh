@@ -47,6 +47,9 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 for tool in buildah debootstrap python3; do
     command -v "$tool" >/dev/null || die "$tool is not on PATH; expected buildah, debootstrap and python3; run: apt-get install -y buildah debootstrap"
 done
+# The fixture and the local Hub run on this host, with its python3.
+PYTHONPATH=$REPO python3 -c "import fimoe_convert.testing" 2>/dev/null \
+    || die "$(command -v python3) cannot import fimoe_convert.testing (it needs torch, numpy, safetensors, huggingface_hub); expected the project's dependencies in the python3 on PATH; put a venv that has them first: PATH=VENV/bin:\$PATH"
 echo "buildah: $(buildah --version)"
 echo "debootstrap: $(debootstrap --version)"
 
@@ -97,14 +100,37 @@ from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 work, model, commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 print("snapshot:", seed_hub_cache(make_checkpoint(work / "ckpt", "tiny"), work / "hf-cache", model, commit))
 EOF
-PYTHONPATH=$REPO python3 "$REPO/scripts/bench/bench_stream.py" --serve "$WORK/ckpt" --repo "$MODEL" --commit "$COMMIT" \
-    --rate 1GB > "$WORK/hub.url" 2> "$WORK/hub.log" &
+# bench_stream.py's Hub, logging one line a request to hub.log: method, path, Range, body bytes sent.
+PYTHONPATH=$REPO:$REPO/scripts/bench python3 - "$WORK/ckpt" "$MODEL" "$COMMIT" > "$WORK/hub.url" 2> "$WORK/hub.log" <<'EOF' &
+import sys, threading
+from pathlib import Path
+from bench_stream import Hub
+hub = Hub(Path(sys.argv[1]), 1e9, sys.argv[2], sys.argv[3])  # 1e9 bytes/s: no real cap
+local, take, serve = threading.local(), hub.bucket.take, hub.serve
+def counted_take(n):  # called for each body chunk, in the request's thread, before it is written
+    local.n += n
+    take(n)
+def logged_serve(h, body):
+    local.n = 0
+    try:
+        serve(h, body)
+    finally:
+        print(h.command, h.path, h.headers.get("Range", "-").replace(" ", ""), local.n, file=sys.stderr, flush=True)
+hub.bucket.take, hub.serve = counted_take, logged_serve
+print(hub.url, flush=True)
+threading.Event().wait()
+EOF
 HUB_PID=$!
 trap 'kill "$HUB_PID" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.2; done
 HUB=$(head -n 1 "$WORK/hub.url")
 [ -n "$HUB" ] || die "the local Hub did not start (log: $(tail -n 3 "$WORK/hub.log" | tr '\n' ' ')); expected its URL in $WORK/hub.url"
 echo "local Hub: $HUB serves $MODEL@$COMMIT"
+SHARD_BYTES=$(cat "$WORK"/ckpt/*.safetensors | wc -c)
+hub_served() {  # hub_served FROM_LINE: the requests hub.log got after line FROM_LINE, and their body bytes
+    tail -n "+$(($1 + 1))" "$WORK/hub.log" | awk -v shards="$SHARD_BYTES" '$1 == "GET" || $1 == "HEAD" {n++; b += $NF}
+        END {printf "local Hub served: %d requests, %d bytes of file bodies (the fixture'"'"'s shards: %d bytes)\n", n, b, shards}'
+}
 
 # ---------------------------------------------------------------------------- build three times
 build() {  # build TAG [buildah options]: --layers (one layer per instruction), docker format (keeps HEALTHCHECK)
@@ -131,9 +157,11 @@ for i, h in zip(ids, hist):
     print(i, h.split("#(nop) ")[-1].split(" /bin/sh -c ")[-1][:60])' "$1"
 }
 step "build 1 ($MODEL streamed from the local Hub)"
-t0=$SECONDS; build 1 --build-arg "HF_ENDPOINT=$HUB" 2>&1 | stamp; t1=$((SECONDS - t0))
+h0=$(wc -l < "$WORK/hub.log"); t0=$SECONDS; build 1 --build-arg "HF_ENDPOINT=$HUB" 2>&1 | stamp; t1=$((SECONDS - t0))
+hub_served "$h0"
 step "build 2 (--no-cache: every step runs again, the streamed conversion included)"
-t0=$SECONDS; build 2 --no-cache --build-arg "HF_ENDPOINT=$HUB" 2>&1 | stamp; t2=$((SECONDS - t0))
+h0=$(wc -l < "$WORK/hub.log"); t0=$SECONDS; build 2 --no-cache --build-arg "HF_ENDPOINT=$HUB" 2>&1 | stamp; t2=$((SECONDS - t0))
+hub_served "$h0"
 # buildah's chroot isolation ignores --network none; a new network namespace around buildah does not.
 # The hf-cache context (and no HF_ENDPOINT) changes the conversion step only: it re-runs on build 2's layers.
 step "build 3 (from the hf-cache context, no network at all: unshare -n; the conversion step re-runs)"
