@@ -13,7 +13,8 @@ usage: python3 scripts/bench/bench_stream.py [--rate 50MB] [--layers 1] [--exper
        [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
        python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)
        python3 scripts/bench/bench_stream.py --serve FOLDER [--repo ORG/NAME] [--commit SHA] [--rate 1GB]
-           (serve FOLDER as a Hub repo until killed, its URL on the first line: scripts/prebake/build_local.sh)"""
+           (serve FOLDER as a Hub repo until killed, its URL on the first line; scripts/prebake/build_local.sh
+           imports its `Hub` to count the bytes it serves)"""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ Reads (every file is optional; a chart whose data is missing is skipped, with a 
     benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json
         bench_memory.py / bench_decode.py / bench_startup.py --json
     benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
-    benchmarks/results/h200/2026-12-01-v4-geometry*.jsonl
+    benchmarks/results/h200/2026-12-01-v4-geometry-call[123].jsonl, 2026-12-02-{chunked-sm90-*,whole-block-cake-run2}.jsonl
         bench_convert.py --json on the H200 at V4 geometry
-    benchmarks/results/stream-cpu2-50MBps-1.3GB.json                   bench_stream.py --json (--stream vs download)
+    benchmarks/results/h200/2026-12-02-stream-50MBps-all.json           bench_stream.py --json (--stream vs download)
     docs/img/terminal-convert.txt                            a tmux capture-pane of a conversion in progress
 Writes docs/img/*.png, and (unless --no-docs) the table between the `h200-v4-geometry` markers in
 docs/PERFORMANCE.md, from the V4-geometry files ("not yet measured" when there are none).
@@ -61,9 +61,15 @@ def jsonf(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+# The V4-geometry runs on the H200 (the moe_ep rows: the target's units as they are now, expert chunks or two whole
+# blocks in flight; the 2026-12-01 call 4 row measured whole-block units without overlap)
+V4_GEOMETRY = ("2026-12-01-v4-geometry-call[123].jsonl", "2026-12-02-chunked-sm90-*.jsonl",
+               "2026-12-02-whole-block-cake-run2.jsonl")
+
+
 def v4_geometry(ev: Path) -> list[dict]:
     rows = []
-    for p in sorted(glob.glob(str(ev / "h200" / "2026-12-01-v4-geometry*.jsonl"))):
+    for p in [p for pattern in V4_GEOMETRY for p in sorted(glob.glob(str(ev / "h200" / pattern)))]:
         for r in jsonl(Path(p)):
             rows.append(dict(r, _file=str(Path(p).resolve().relative_to(REPO))))
     return rows
@@ -268,9 +274,9 @@ def chart_startup(ev: Path, out: Path, made: list[str]) -> None:
 
 def chart_stream(ev: Path, out: Path, made: list[str]) -> None:
     """--stream against a plain download: bench_stream.py draws it (one chart, one place)."""
-    results = jsonf(ev / "stream-cpu2-50MBps-1.3GB.json")
+    results = jsonf(ev / "h200" / "2026-12-02-stream-50MBps-all.json")
     if results is None:
-        return skip("stream.png", "no benchmarks/results/stream-cpu2-50MBps-1.3GB.json")
+        return skip("stream.png", "no benchmarks/results/h200/2026-12-02-stream-50MBps-all.json")
     from bench_stream import chart
 
     chart(results, out / "stream.png")
@@ -330,7 +336,7 @@ def chart_v4_geometry(rows: list[dict], out: Path, made: list[str]) -> None:
     ax.set_yticks(range(len(rows)), labels, fontsize=9)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (scripts/bench/bench_convert.py --device cuda --floors direct)")
-    ax.set_title("H200, real V4 expert geometry: conversion vs the O_DIRECT disk floor (2026-12-01)")
+    ax.set_title("H200, real V4 expert geometry: conversion vs the O_DIRECT disk floor (2026-12-01 and 02)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.4, -0.8 / (0.85 * len(rows) + 1.0)), ncol=2, fontsize=9)
     save(fig, out, "h200-v4-geometry.png", made)
 

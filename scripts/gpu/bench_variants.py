@@ -1,4 +1,4 @@
-"""The whole-block moe_ep conversion at V4-Flash expert geometry under several settings, in one run: one fixture,
+"""The sm90 FP8 moe_ep conversion at V4-Flash expert geometry under several settings, in one run: one fixture,
 the CLI conversion once per variant, then the O_DIRECT floor. Per variant: wall, convert(), the time after the
 report (Python's atexit handlers, then the process teardown) and the stages; with FIMOE_TIMELINE=1 the -vv timeline
 goes to OUT/timeline-N.txt.
