@@ -11,7 +11,8 @@ Reads (every file is optional; a chart whose data is missing is skipped, with a 
     benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json
         bench_memory.py / bench_decode.py / bench_startup.py --json
     benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
-    benchmarks/results/h200/2026-12-01-v4-geometry-call[123].jsonl, 2026-12-02-{chunked-sm90-*,whole-block-cake-run2}.jsonl
+    benchmarks/results/h200/2026-12-01-v4-geometry-call[123].jsonl,
+    benchmarks/results/h200/2026-12-02-{chunked-sm90-*,whole-block-cake-run2}.jsonl
         bench_convert.py --json on the H200 at V4 geometry
     benchmarks/results/h200/2026-12-02-stream-50MBps-all.json           bench_stream.py --json (--stream vs download)
     docs/img/terminal-convert.txt                            a tmux capture-pane of a conversion in progress
