@@ -146,7 +146,7 @@ def moe_ep_workers(tmp_path_factory):
         w.wait()
 
 
-@pytest.mark.parametrize("kernel, kw", target_cases())
+@pytest.mark.parametrize("kernel, kw", list(target_cases()))
 def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, moe_ep_workers, tiny_ckpt, tmp_path,
                                                                   kernel, kw):
     skip_unless_it_converts_here(kernel)
