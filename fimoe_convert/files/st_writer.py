@@ -226,24 +226,21 @@ class _StagedFile:
             self._release(blk)
 
 
-def _uint8():
-    import torch
-
-    return torch.uint8
-
-
-def _as_bytes(data):
-    """The bytes of a CPU tensor (row-major) or a bytes-like object as a flat uint8 numpy array, without a copy
-    where the data is already contiguous."""
+def _as_bytes(data, on_device: bool = False):
+    """The bytes of a tensor (row-major) or a bytes-like object, flat uint8, without a copy where the data is
+    already contiguous: a numpy array, or with `on_device` a CUDA tensor's own flat uint8 view (left on its device
+    for `_StagedFile.write_device`)."""
     import numpy as np
     import torch
 
     if isinstance(data, torch.Tensor):
         t = data.detach()
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not (on_device and t.is_cuda):
             t = t.cpu()
-        t = t.contiguous().reshape(-1)
-        return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+        t = t.contiguous().reshape(-1).view(torch.uint8)
+        if t.is_cuda:
+            return t
+        return t.numpy() if t.numel() else np.empty(0, np.uint8)
     return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
 
 
@@ -294,17 +291,15 @@ class ShardWriter:
     def write_part(self, data) -> None:
         """The next bytes of the current tensor: a tensor (CPU, or CUDA: copied into pinned staging blocks where
         the writer was made `pinned`, else through host memory) or a bytes-like object."""
-        device = self._out.pinned and getattr(data, "is_cuda", False)
-        src = data.detach().contiguous().reshape(-1).view(_uint8()) if device else _as_bytes(data)
-        n = src.numel() if device else len(src)
-        if n > self._left:
+        src = _as_bytes(data, on_device=self._out.pinned)
+        if len(src) > self._left:
             raise AssertionError(f"{self.path.name}: tensor {self.planned[self._next - 1].name!r} "
-                                 f"got {n} bytes with {self._left} left")
-        if device:
+                                 f"got {len(src)} bytes with {self._left} left")
+        if getattr(src, "is_cuda", False):
             self._out.write_device(src)
         else:
             self._out.write(src)
-        self._left -= n
+        self._left -= len(src)
 
     def end_tensor(self) -> None:
         if self._left:

@@ -148,8 +148,9 @@ class MoeEpTarget(Target):
         want, _ = self.planned(hi - lo, pre)
         if structure != want:
             raise AssertionError(f"{unit.key}: FlashInfer's output structure differs from the planned one")
+        once = self.invariant_leaves(pre)
         if unit.key != pre:  # a chunk: its invariant leaves must be those of every other chunk of the rank
-            for name in sorted(tensors.keys() & self.invariant_leaves(pre)):
+            for name in sorted(tensors.keys() & once):
                 self._same_in_every_chunk(unit, name, tensors[name])
         out = {}
         for t in unit.outputs:
@@ -158,7 +159,7 @@ class MoeEpTarget(Target):
                 got = None if v is None else (st_dtype(v.dtype), tuple(v.shape))
                 raise AssertionError(f"{t.name}: FlashInfer returned {got}, planned {(t.dtype, t.shape)}")
             out[t.name] = self.output(v)
-        for name in tensors.keys() & self.invariant_leaves(pre):  # checked above, written by the first chunk
+        for name in tensors.keys() & once:  # checked above, written by the first chunk
             del tensors[name]
         if tensors:
             raise AssertionError(f"{unit.key}: FlashInfer returned unplanned tensors {sorted(tensors)}")

@@ -45,7 +45,7 @@ def test_cuda_output_equals_cpu_output(src, tmp_path, target, flags, max_memory)
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    if target != "bf16" and target != "fp8_block":
+    if target not in ("bf16", "fp8_block"):
         pytest.importorskip("flashinfer.megamoe" if target.startswith("megamoe") else "flashinfer.moe_ep")
     device_bytes = torch.cuda.get_device_properties(0).total_memory
     fits = MemoryBudget(parse_size(max_memory, "--max-memory")).fits_device(device_bytes)
