@@ -110,6 +110,11 @@ def availability(kernel: Kernel) -> tuple[bool, str]:
             return False, f"needs the {mod!r} package (not installed)"
     if kernel.preprocess_needs_cuda and not cuda_visible():
         return False, "preprocessing needs a CUDA device (none here)"
+    if kernel.preprocess_capabilities and cuda_visible():
+        cap = device_capability()
+        if cap not in kernel.preprocess_capabilities:
+            return False, (f"preprocessing needs compute capability {' or '.join(kernel.preprocess_capabilities)} "
+                           f"(this GPU is {cap})")
     return True, "yes"
 
 

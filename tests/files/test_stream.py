@@ -4,7 +4,6 @@ injects faults: a corrupted byte, a dropped connection, a stalled answer, a 5xx,
 The reference is the same repo downloaded first (a seeded Hugging Face cache, converted offline)."""
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.files.stream import StreamedSource, end_early, open_streamed, stream_early
 from fimoe_convert.kernels import KERNELS, Kernel
+from fimoe_convert.targets.rules import availability
 from fimoe_convert.testing import seed_hub_cache
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
@@ -50,17 +50,10 @@ def target_cases():
 
 
 def skip_unless_it_converts_here(k: Kernel):
-    """The skip for a target this machine cannot convert, naming what is missing."""
-    missing = [m for m in k.needs_packages if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"--target {k.name} needs the Python package {' and '.join(missing)} (not installed)")
-    if k.preprocess_capabilities:
-        import torch
-
-        cap = "{}.{}".format(*torch.cuda.get_device_capability())
-        if cap not in k.preprocess_capabilities:
-            pytest.skip(f"--target {k.name}: FlashInfer's preprocessing runs on compute capability "
-                        f"{' or '.join(k.preprocess_capabilities)} only; this GPU is {cap}")
+    """The skip for a target this machine cannot convert, saying why (what `fimoe-convert targets` says)."""
+    ok, why = availability(k)
+    if not ok:
+        pytest.skip(f"--target {k.name}: {why}")
 
 
 @pytest.fixture

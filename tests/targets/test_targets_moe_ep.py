@@ -58,6 +58,20 @@ def test_targets_table_says_what_runs_here():
         assert rows["sm100_fp8_fp4_bf16_deepgemm"]["why"] == "needs the 'deep_gemm' package (not installed)"
 
 
+@pytest.mark.parametrize("gpu, want", [
+    ("9.0", (False, "preprocessing needs compute capability 10.0 or 10.3 (this GPU is 9.0)")),
+    ("10.0", (True, "yes")),
+])
+def test_targets_table_says_which_gpu_a_preprocessing_needs(monkeypatch, gpu, want):
+    """On a GPU, a target whose FlashInfer preprocessing runs on some compute capabilities only is available on
+    those only (its conversion refuses the others up front)."""
+    from fimoe_convert.targets import get_kernel, rules
+
+    monkeypatch.setattr(rules, "cuda_visible", lambda: True)
+    monkeypatch.setattr(rules, "device_capability", lambda: gpu)
+    assert rules.availability(get_kernel("sm100_nvfp4_nvfp4_bf16_cutedsl")) == want
+
+
 @pytest.mark.parametrize("target, opts, match", [
     ("sm100_nvfp4_nvfp4_bf16_cutedsl", {"device": "cpu"},
      r"--device cpu: --target sm100_nvfp4_nvfp4_bf16_cutedsl preprocesses on a CUDA device only"),
