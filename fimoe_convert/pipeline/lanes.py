@@ -61,7 +61,9 @@ class Lanes:
     def _threads(self) -> None:
         errors: list[BaseException] = []
 
-        def guard(feeder: Feeder) -> None:
+        ended = [threading.Event() for _ in self.feeders]
+
+        def guard(feeder: Feeder, done: threading.Event) -> None:
             try:
                 self._lane(feeder)
             except Stopped:
@@ -69,19 +71,21 @@ class Lanes:
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 errors.append(e)
                 self._stop()
+            finally:
+                done.set()
 
-        threads = [threading.Thread(target=guard, args=(f,), name=f"fimoe-lane{i}", daemon=True)
-                   for i, f in enumerate(self.feeders)]
-        for t in threads:
-            t.start()
+        threads = [threading.Thread(target=guard, args=(f, done), name=f"fimoe-lane{i}", daemon=True)
+                   for i, (f, done) in enumerate(zip(self.feeders, ended, strict=True))]
         try:
             for t in threads:
-                while t.is_alive():
-                    t.join(timeout=0.5)  # wakes for Ctrl-C
+                t.start()
+            for done in ended:
+                wait_for(done)
         except BaseException:
             self._stop()
-            for t in threads:
-                t.join()
+            for t, done in zip(threads, ended, strict=True):
+                if t.ident is not None:  # started (a Ctrl-C may have cut start() short)
+                    wait_for(done)
             raise
         if errors:
             raise errors[0]
@@ -101,16 +105,19 @@ class Lanes:
                 if item is None:
                     break
                 if isinstance(item, ShardStart):
-                    for done in [j for j in jobs if not j.thread.is_alive()]:  # a small shard is done at once
-                        jobs.remove(done)
+                    for done in [j for j in jobs if j.done.is_set()]:  # a small shard is done at once
                         done.join()
+                        jobs.remove(done)
                     while len(jobs) >= SHARDS_PER_LANE:
-                        jobs.popleft().join()
-                    jobs.append(_ShardJob(self, feeder, item.shard))
+                        jobs[0].join()  # left in `jobs` until written: a Ctrl-C during the wait aborts it too
+                        jobs.popleft()
+                    jobs.append(job := _ShardJob(self, feeder, item.shard))
+                    job.start()  # in `jobs` before its thread runs: a Ctrl-C from here on aborts it
                 else:
                     jobs[-1].put(item)
             while jobs:
-                jobs.popleft().join()
+                jobs[0].join()
+                jobs.popleft()
         except BaseException as e:
             failed = next((j.error for j in jobs if j.error is not None), None)
             for j in jobs:
@@ -126,6 +133,13 @@ class Lanes:
 _ABORT = object()  # put into a shard job's queue: stop, deleting the temporary file
 
 
+def wait_for(done: threading.Event) -> None:
+    """Until a thread sets `done`, waking for Ctrl-C. Not Thread.join(timeout): a Ctrl-C raised inside it marks a
+    thread that still runs as ended (CPython 3.11, threading._wait_for_tstate_lock), and later joins return at once."""
+    while not done.wait(0.5):
+        pass
+
+
 class _ShardJob:
     """One shard written on a thread of its own from the chunks the lane puts in order; a failure stops the
     lane's feeder and is kept for the lane to raise."""
@@ -135,7 +149,10 @@ class _ShardJob:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
         self.stopping = False  # set by abort: the chunks still queued are not written
+        self.done = threading.Event()  # set as the thread ends
         self.thread = threading.Thread(target=self._run, name="fimoe-shard", daemon=True)
+
+    def start(self) -> None:
         self.thread.start()
 
     def put(self, chunk: Chunk) -> None:
@@ -143,15 +160,15 @@ class _ShardJob:
 
     def join(self) -> None:
         """Wait for the shard to be written; its failure is raised here."""
-        while self.thread.is_alive():
-            self.thread.join(timeout=0.5)  # wakes for Ctrl-C
+        wait_for(self.done)
         if self.error is not None:
             raise self.error
 
     def abort(self) -> None:
         self.stopping = True
         self.queue.put(_ABORT)  # wakes a job waiting for its next chunk
-        self.thread.join()
+        if self.thread.ident is not None:  # its thread runs (a Ctrl-C may have cut start() short)
+            wait_for(self.done)
 
     def _next(self) -> Chunk:
         chunk = self.queue.get()
@@ -163,6 +180,8 @@ class _ShardJob:
         shard, lanes = self.shard, self.lanes
         busy = 0.0
         try:
+            if self.stopping:  # aborted before it ran
+                return
             log.debug("timeline %.3f open %s", time.perf_counter(), shard.filename)
             planned = [PlannedTensor(t.name, t.dtype, t.shape) for t in shard.tensors]
             with ShardWriter(lanes.out_dir / shard.filename, planned, SHARD_METADATA,
@@ -193,3 +212,4 @@ class _ShardJob:
         finally:
             with lanes.lock:
                 lanes.timings["write"] += busy
+            self.done.set()

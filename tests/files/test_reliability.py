@@ -649,3 +649,65 @@ def test_a_resumed_conversion_reports_what_an_uninterrupted_one_does(tmp_path, p
     again = convert(str(src), str(out), target, shard_size="60KB", resume=True, **opts)
     assert again.shards_kept == again.shards and again.report == want.report
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in ref.iterdir()}
+
+
+@pytest.mark.parametrize("writers", [1, 2])
+def test_a_ctrl_c_while_a_lane_waits_for_a_shard_stops_that_shard_too(tiny_ckpt, tmp_path, monkeypatch, writers):
+    """Ctrl-C while a lane waits for its oldest shard to be written: that shard's writer is stopped and joined
+    with the others, so no thread goes on writing into OUT (or calling `progress`) after convert() raised."""
+    from fimoe_convert import convert
+    from fimoe_convert.pipeline import lanes
+
+    jobs, real_init, real_next, real_join = [], lanes._ShardJob.__init__, lanes._ShardJob._next, lanes._ShardJob.join
+
+    def init(self, *a):
+        real_init(self, *a)
+        jobs.append(self)
+
+    def slow_next(self):
+        time.sleep(0.05)  # a slow disk: the shard is still being written when the lane waits for it
+        return real_next(self)
+
+    def join(self):
+        if self.thread.is_alive():
+            raise _Interrupt  # Ctrl-C during the wait
+        real_join(self)
+
+    monkeypatch.setattr(lanes._ShardJob, "__init__", init)
+    monkeypatch.setattr(lanes._ShardJob, "_next", slow_next)
+    monkeypatch.setattr(lanes._ShardJob, "join", join)
+    with pytest.raises(_Interrupt):
+        convert(str(tiny_ckpt), str(tmp_path / "out"), "bf16", shard_size="1MB", writers=writers)
+    assert jobs and [j.shard.filename for j in jobs if j.thread.is_alive()] == []
+    assert not list((tmp_path / "out").glob("*.fimoe-tmp"))
+
+
+@pytest.fixture
+def own_handlers():
+    """This process's signal handlers put back after the test: a stop leaves them ignored."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("writers", [1, 2])
+def test_a_real_ctrl_c_during_the_last_wait_returns_after_every_writer_ended(tiny_ckpt, tmp_path, own_handlers,
+                                                                             writers):
+    """A SIGINT that lands while the main thread waits for a shard (or a lane) to finish: convert() raises only
+    after that writer ended. Thread.join(timeout) cut short by the signal would call a running thread ended."""
+    from fimoe_convert import convert
+    from fimoe_convert.console import Interrupted, signals_interrupt
+
+    main_thread, ended = threading.main_thread().ident, []
+
+    def progress(done, total):
+        if done == total:  # the last part: the main thread has handed everything on and waits
+            signal.pthread_kill(main_thread, signal.SIGINT)
+            time.sleep(0.5)  # still writing when the signal's handler has run
+            ended.append(True)
+
+    with signals_interrupt(), pytest.raises(Interrupted):
+        convert(str(tiny_ckpt), str(tmp_path / "out"), "bf16", writers=writers, progress=progress)  # one shard
+    assert ended == [True]
+    assert not list((tmp_path / "out").glob("*.fimoe-tmp"))
