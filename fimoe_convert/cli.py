@@ -220,25 +220,11 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
     """Convert the DeepSeek V4 checkpoint SRC into the folder OUT."""
-    from .options import check_flags
+    from .conversion import convert
 
     setup_logging(verbose, quiet)
     ctx = click.get_current_context()
     params = {**_preset_params(ctx, flags["target"]), **_params(params)}  # --param wins over the preset's, by key
-    memory = check_flags(params=params, **flags)[2]  # before torch is imported (seconds) by the converters
-    from .files.hub_source import check_source
-
-    check_source(src, flags["revision"], flags["offline"])
-    early = flags["stream"] and not (flags["dry_run"] or flags["resume"]) and os.environ.get("WORLD_SIZE", "1") == "1"
-    if early:  # the shards flow while torch is imported; the conversion takes the streams over
-        from .files.stream import check_stream_flags, end_early, stream_early
-
-        check_stream_flags(src, flags["offline"], flags["revision"])
-        stream_early(src, flags["revision"], memory.stream_bytes)
-    with console.signals_deferred():  # torch is imported here
-        from .conversion import convert
-
-    gc.freeze()  # the ~190k objects of the imports (torch) out of the collector's passes: at exit they took 1.5-2 s
     preset = ctx.meta.get(PRESET, {})
     ctx.meta[ON_INTERRUPT] = "finished shards are kept: run the same command with --resume"
     progress = Progress("converting", enabled=not (quiet or as_json))
@@ -249,10 +235,9 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
                       config=preset.get("config"), **flags,
                       notice=None if quiet or as_json or not is_rank0() else lambda m: click.echo(m, err=True))
     finally:
-        if early:
-            end_early()
         checking.close()
         progress.close()
+    gc.freeze()  # the ~190k objects of torch's import out of the collector's passes: at exit they took 1.5-2 s
     if (not quiet or as_json) and is_rank0():  # under torchrun, rank 0 speaks for all
         _emit(res.to_json(), as_json, _dry_run_text(res) if res.dry_run else _summary(res))
 

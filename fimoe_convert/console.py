@@ -128,13 +128,14 @@ def signals_deferred():
     """A stop that comes inside the block is raised when it ends. For imports of compiled extensions (torch): their
     initialization calls Python code from C++ frames that cannot pass an exception on, and one raised there takes
     the process down (`terminate called after throwing ... pybind11::error_already_set`, exit -6)."""
+    before = len(_STOPPING)  # a stop raised before the block (a command that ended) is not raised again
     _DEFERRED.append(True)
     try:
         yield
     finally:
         _DEFERRED.pop()
-    if _STOPPING and not _DEFERRED:
-        raise Interrupted(_STOPPING[0])
+    if len(_STOPPING) > before and not _DEFERRED:
+        raise Interrupted(_STOPPING[-1])
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """`convert(src, out, target, ...)`: the library entry point, as the list of steps it takes.
 
 Everything that can be checked is checked before any tensor data is read (the flags, SRC's config, index and
-every shard header, the target against the model, OUT), and all problems are reported at once. Then the plan,
+every shard header, the target against the model, OUT), and all problems are reported at once; the flags and SRC's
+name before torch is even imported (seconds), which this module's own import does not do. Then the plan,
 what an earlier run left (--resume), the first manifest, the shards (written by the pipeline's lanes), and
 finally the index, config, model card and the manifest with `complete: true`."""
 
@@ -19,10 +20,12 @@ from pathlib import Path
 from . import __version__, eta, resume as resuming, versions
 from .budget import MemoryBudget
 from .checkpoint import variant_name
-from .distributed import Group
+from .console import signals_deferred
+from .distributed import Group, world_size
 from .errors import InputError, UsageError, ValidationError
 from .files.atomic import remove_own_temporaries
 from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
+from .files.hub_source import check_source
 from .files.lock import OutLock
 from .files.manifest import (
     EpRecord,
@@ -42,10 +45,9 @@ from .files.names import INDEX_NAME
 from .files.out_space import reclaimable_bytes
 from .files.output import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.source import Source, open_source
-from .files.stream import StreamedSource, check_stream_flags, open_streamed
+from .files.stream import StreamedSource, check_stream_flags, end_early, open_streamed, stream_early
 from .hub import model_card
-from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions
-from .pipeline.lanes import Lanes
+from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, check_flags
 from .pipeline.reads import shard_inputs, source_reads
 from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
 from .targets import make_target
@@ -101,16 +103,38 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     (files/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`); `model`: the
     DeepSeek V4 variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before
     it starts (the --dry-run's sample timing)."""
-    t0 = time.perf_counter()
-    out_dir = Path(out).expanduser()
-    # 1. The flags, before SRC is opened.
-    opts = ConvertOptions.parse(target, ep_size=ep_size, device=device, arch=arch, max_memory=max_memory,
-                                 shard_size=shard_size, allow_lossy=allow_lossy, params=params, resume=resume,
-                                 overwrite=overwrite, writers=writers)
-    _mark("options")
+    # 1. What needs neither torch nor SRC's files, in a fraction of a second: the flags, and SRC's name (a folder,
+    # or a repo the Hub has).
+    flags = check_flags(target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size,
+                        params=params, resume=resume, overwrite=overwrite, writers=writers)
+    _check_flags(src, offline, revision, stream, upload_repo)
+    check_source(src, revision, offline)
+    early = stream and not (dry_run or resume)
+    if early:  # the shards flow while torch is imported (seconds); the conversion takes the streams over
+        stream_early(src, revision, flags.memory.stream_bytes)
+    try:
+        with signals_deferred():  # a stop inside torch's C++ initialization would abort the process: held to its end
+            import torch  # noqa: F401
+        t0 = time.perf_counter()  # the result's seconds and `start` leave the imports out
+        opts = ConvertOptions.parse(flags, device=device, allow_lossy=allow_lossy)
+        _mark("options")
+        return _convert(src, Path(out).expanduser(), opts, t0, revision=revision, resume=resume,
+                        overwrite=overwrite, dry_run=dry_run, offline=offline, progress=progress,
+                        check_progress=check_progress, command=command, stream=stream, upload_repo=upload_repo,
+                        model=model, config=config, notice=notice)
+    finally:
+        if early:
+            end_early()
+
+
+def _convert(src: str, out_dir: Path, opts: ConvertOptions, t0: float, *, revision: str | None, resume: bool,
+             overwrite: bool, dry_run: bool, offline: bool, progress: Callable[[int, int], None] | None,
+             check_progress: Callable[[int, int], None] | None, command: str | None, stream: bool,
+             upload_repo: str | None, model: str | None, config: str | None,
+             notice: Callable[[str], None] | None) -> ConvertResult:
+    """convert() once the flags are checked and torch is imported."""
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
-    _check_flags(src, offline, revision, group, stream, upload_repo)
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
     source, converter = _checked(group, lambda: _open(src, revision, offline, stream and not dry_run,
                                                       not dry_run or resume), opts, out_dir, resume, overwrite)
@@ -235,13 +259,12 @@ def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
     return hashes
 
 
-def _check_flags(src: str, offline: bool, revision: str | None, group: Group, stream: bool,
-                upload_repo: str | None) -> None:
+def _check_flags(src: str, offline: bool, revision: str | None, stream: bool, upload_repo: str | None) -> None:
     """--stream and --upload-repo, before SRC is opened: usage errors naming the flag."""
     if stream:
         check_stream_flags(src, offline, revision)
-        if group.world > 1:
-            raise UsageError(f"--stream: WORLD_SIZE={group.world}; a streamed conversion runs in one process: "
+        if (world := world_size()) > 1:
+            raise UsageError(f"--stream: WORLD_SIZE={world}; a streamed conversion runs in one process: "
                              "drop --stream, or run without torchrun")
     if upload_repo:
         from .publish import check_repo_id
@@ -451,6 +474,8 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, o
             done += n
             if progress:
                 progress(done, result.bytes_written)
+
+    from .pipeline.lanes import Lanes  # torch's tensors: kept out of this module's import, which checks flags first
 
     count, budget = lanes
     start = time.perf_counter() - t0

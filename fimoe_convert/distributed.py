@@ -57,9 +57,14 @@ def _rendezvous(dist, rank: int, world: int) -> None:
         raise e
 
 
+def world_size() -> int:
+    """The processes a torchrun launch starts (WORLD_SIZE), 1 without one."""
+    return _env_int("WORLD_SIZE", 1)
+
+
 class Group:
     def __init__(self):
-        self.world = _env_int("WORLD_SIZE", 1)
+        self.world = world_size()
         self.rank = _env_int("RANK", 0)
         self.local_rank = _env_int("LOCAL_RANK", self.rank)
         self.dist = None

@@ -41,10 +41,22 @@ def parse_arch(arch: str | None) -> tuple[int, int] | None:
     return major, minor
 
 
+@dataclass(frozen=True)
+class Flags:
+    """The flags that need neither torch nor SRC, parsed and checked."""
+    kernel: Kernel
+    shard_bytes: int
+    memory: MemoryBudget
+    arch: tuple[int, int] | None  # the compute capability --arch names, or None
+    ep_size: int
+    params: dict
+    writers: int | None
+
+
 def check_flags(target: str, *, ep_size: int, arch: str | None, max_memory: str | int, shard_size: str | int,
-                params: dict | None, resume: bool, overwrite: bool, writers: int | None, **_):
-    """The flags that need neither torch nor SRC, checked (the CLI calls this before importing the converters):
-    (kernel, shard bytes, memory budget, compute capability or None)."""
+                params: dict | None, resume: bool, overwrite: bool, writers: int | None) -> Flags:
+    """The flags that need neither torch nor SRC: checked before either is touched, so that a mistyped flag is
+    reported in a fraction of a second."""
     if resume and overwrite:
         raise UsageError("--resume and --overwrite: pass one of them, not both")
     if writers is not None and writers < 1:
@@ -57,7 +69,7 @@ def check_flags(target: str, *, ep_size: int, arch: str | None, max_memory: str 
                              "fimoe-convert targets lists each target's parameters")
     shard_bytes = parse_size(shard_size, "--shard-size")
     memory = MemoryBudget(parse_size(max_memory, "--max-memory"), str(max_memory))
-    return get_kernel(target), shard_bytes, memory, parse_arch(arch)
+    return Flags(get_kernel(target), shard_bytes, memory, parse_arch(arch), ep_size, dict(params or {}), writers)
 
 
 @dataclass(frozen=True)
@@ -69,12 +81,9 @@ class ConvertOptions:
     writers: int | None
 
     @classmethod
-    def parse(cls, target: str, *, ep_size: int, device: str, arch: str | None, max_memory: str | int,
-              shard_size: str | int, allow_lossy: bool, params: dict | None, resume: bool, overwrite: bool,
-              writers: int | None) -> "ConvertOptions":
-        kernel, shard_bytes, memory, cap = check_flags(
-            target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size, params=params,
-            resume=resume, overwrite=overwrite, writers=writers)
+    def parse(cls, flags: Flags, *, device: str, allow_lossy: bool) -> "ConvertOptions":
+        """`flags` with the device (torch's view of the GPU) and what the target is given."""
+        cap, memory = flags.arch, flags.memory
         dev = resolve_device(device)
         on_device = False
         if dev == "cuda":
@@ -82,9 +91,9 @@ class ConvertOptions:
 
             cap = cap or torch.cuda.get_device_capability()
             on_device = memory.fits_device(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-        opts = TargetOptions(ep_size=ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=dict(params or {}),
+        opts = TargetOptions(ep_size=flags.ep_size, arch=cap, device=dev, allow_lossy=allow_lossy, params=flags.params,
                              unit_bytes=memory.unit_bytes, device_outputs=on_device)
-        return cls(kernel, opts, shard_bytes, memory, writers)
+        return cls(flags.kernel, opts, flags.shard_bytes, memory, flags.writers)
 
     def record(self) -> dict:
         """The manifest's `options`: what must match for --resume (any unit size gives the same output)."""

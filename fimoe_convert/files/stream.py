@@ -66,7 +66,10 @@ _EARLY: dict[tuple[str, str | None], Future] = {}  # stream_early's sources, unt
 
 def stream_early(spec: str, revision: str | None, cap: int) -> None:
     """Open SRC `spec` and begin its streams on a thread now (holding at most `cap` bytes of tensors); the next
-    `open_streamed(spec, revision)` returns that source (or raises its error)."""
+    `open_streamed(spec, revision)` returns that source (or raises its error). Streams begun already for SRC are
+    kept (a caller began them before convert(), which begins them too)."""
+    if (spec, revision) in _EARLY:
+        return
     future: Future = Future()
     _EARLY[(spec, revision)] = future
 

@@ -17,10 +17,9 @@ from ..budget import IO_BLOCK
 from ..files.source import Source
 from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
-from .schedule import Copy, Emit, Run, group_steps, linked_groups
+from .schedule import KEEP_MAX, Copy, Emit, Run, group_steps, linked_groups
 
 log = logging.getLogger("fimoe_convert")
-KEEP_MAX = 1 << 20  # bytes: a unit's output written away from the rest of its outputs is kept, not recomputed
 
 
 @dataclass(frozen=True)

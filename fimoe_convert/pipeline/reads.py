@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from ..budget import IO_BLOCK
 from ..plan import OutShard, Plan
-from .feeder import KEEP_MAX
-from .schedule import Copy, Run, shard_steps
+from .schedule import KEEP_MAX, Copy, Run, shard_steps
 
 
 def source_reads(plan: Plan, shards: list[OutShard], nbytes) -> list[tuple[str, int]]:

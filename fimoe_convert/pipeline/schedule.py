@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..plan import OutShard, OutTensor
 
+KEEP_MAX = 1 << 20  # bytes: a unit's output written away from the rest of its outputs is kept, not recomputed
 
 @dataclass(frozen=True)
 class Copy:

@@ -114,11 +114,12 @@ def test_help_and_bf16_path_do_not_import_flashinfer():
 
 def test_the_library_front_is_the_commands_functions_and_loads_nothing_heavy():
     """`from fimoe_convert import convert, verify, inspect, upload` gives the functions the CLI calls; importing the
-    package alone does not import torch (the CLI's start-up)."""
+    package, or convert() (which checks the flags and SRC's name before it imports torch), does not import torch."""
     import subprocess
     import sys
 
     code = ("import sys, fimoe_convert; assert 'torch' not in sys.modules; "
+            "from fimoe_convert import convert; assert 'torch' not in sys.modules, 'convert() checks flags first'; "
             "from fimoe_convert import convert, verify, inspect, upload; "
             "from fimoe_convert import conversion, verification, inspection, publish; "
             "assert (convert, verify, inspect, upload) == (conversion.convert, verification.verify, "

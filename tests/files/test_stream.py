@@ -84,14 +84,19 @@ def downloaded(tiny_ckpt, tmp_path, monkeypatch, target: str, **kw):
 
 
 def when_streams_start(monkeypatch, arm):
-    """Call `arm()` as the streams start (after SRC was opened: its header reads see no fault)."""
-    real = StreamedSource.start
+    """Call `arm()` once, as the streams start (after SRC was opened: its header reads see no fault): early, while
+    convert() imports torch, or when the conversion starts them."""
+    armed = []
 
-    def start(self, *args, **kwargs):
-        arm()
-        return real(self, *args, **kwargs)
+    def hook(real):
+        def start(self, *args, **kwargs):
+            if not armed:
+                armed.append(arm())
+            return real(self, *args, **kwargs)
+        return start
 
-    monkeypatch.setattr(StreamedSource, "start", start)
+    for name in ("_start_early", "start"):
+        monkeypatch.setattr(StreamedSource, name, hook(getattr(StreamedSource, name)))
 
 
 def same_files(a, b) -> list[str]:
@@ -159,10 +164,10 @@ def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, moe_ep
 
 @pytest.mark.parametrize("cap", [64 << 20, 1 << 20])
 def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt, tmp_path, monkeypatch, cap):
-    """stream_early (the CLI's, while torch is imported) streams before the plan exists, keeping tensors within
-    `cap`: with room for all, every shard is verified before the conversion starts; with 1 MiB, the streams wait.
-    The conversion takes the source over: each shard streamed once, the shards verified early recorded, the same
-    output."""
+    """stream_early (convert()'s, while torch is imported; here begun before the call) streams before the plan
+    exists, keeping tensors within `cap`: with room for all, every shard is verified before the conversion starts;
+    with 1 MiB, the streams wait. The conversion takes the source over: each shard streamed once, the shards
+    verified early recorded, the same output."""
     shard_bytes = sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
     stream_early(REPO, None, cap)
     early = open_streamed(REPO, None)  # the source stream_early opened, which convert() takes

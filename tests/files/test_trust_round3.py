@@ -287,6 +287,24 @@ def test_a_stop_during_the_torch_import_is_raised_after_it(handlers_kept, signum
     assert reached_end and stopped_by() == signum and stop.value.signum == signum
 
 
+def test_a_stop_that_ended_an_earlier_command_is_not_raised_again(handlers_kept):
+    """A library call after a command a Ctrl-C stopped, in the same process (convert() imports torch inside
+    signals_deferred): the old stop is not raised again."""
+    import threading
+
+    from fimoe_convert.console import Interrupted, signals_deferred, signals_interrupt, stopped_by
+
+    with signals_interrupt(), pytest.raises(Interrupted):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(10)  # the handler raises in this thread first
+    assert stopped_by() == signal.SIGINT
+    try:
+        with signals_deferred():
+            pass
+    except Interrupted:
+        pytest.fail("the earlier command's stop was raised again")
+
+
 SIGINT_AS_THE_COMMAND_ENDS = """
 import os, signal, click.core
 _main = click.core.Command.main

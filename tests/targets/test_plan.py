@@ -2,8 +2,7 @@
 
 import pytest
 
-from fimoe_convert.pipeline.feeder import KEEP_MAX
-from fimoe_convert.pipeline.schedule import Copy, Emit, Run, shard_steps
+from fimoe_convert.pipeline.schedule import KEEP_MAX, Copy, Emit, Run, shard_steps
 from fimoe_convert.plan import OutShard, OutTensor, Plan, Unit, merge_outputs, piece_rows
 
 
