@@ -1,4 +1,5 @@
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -51,6 +52,21 @@ def hub_cache(tiny_ckpt, tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return cache
+
+
+@pytest.fixture
+def signal_handlers():
+    """For a test that stops a command in this process with a real signal: Python's own handlers while it runs (a
+    test run started in the background, `pytest &`, ignores SIGINT, and a command keeps ignored signals ignored),
+    and this process's handlers put back after it (a stop leaves them ignored)."""
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {s: signal.getsignal(s) for s in stops}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for s in stops[1:]:
+        signal.signal(s, signal.SIG_DFL)
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
 
 
 def pytest_collection_modifyitems(config, items):

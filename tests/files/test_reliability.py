@@ -682,17 +682,8 @@ def test_a_ctrl_c_while_a_lane_waits_for_a_shard_stops_that_shard_too(tiny_ckpt,
     assert not list((tmp_path / "out").glob("*.fimoe-tmp"))
 
 
-@pytest.fixture
-def own_handlers():
-    """This process's signal handlers put back after the test: a stop leaves them ignored."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 @pytest.mark.parametrize("writers", [1, 2])
-def test_a_real_ctrl_c_during_the_last_wait_returns_after_every_writer_ended(tiny_ckpt, tmp_path, own_handlers,
+def test_a_real_ctrl_c_during_the_last_wait_returns_after_every_writer_ended(tiny_ckpt, tmp_path, signal_handlers,
                                                                              writers):
     """A SIGINT that lands while the main thread waits for a shard (or a lane) to finish: convert() raises only
     after that writer ended. Thread.join(timeout) cut short by the signal would call a running thread ended."""

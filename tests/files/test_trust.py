@@ -639,7 +639,7 @@ def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tiny_ckpt, tmp_path, signu
     assert r.exit_code == 0 and cli("verify", out).exit_code == 0
 
 
-def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, monkeypatch):
+def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, monkeypatch, signal_handlers):
     """The first SIGINT stops the run; another one while the lanes clean up changes nothing: the temporary files
     go, one line, exit 130, no traceback."""
     real_abort = st_writer.ShardWriter.abort

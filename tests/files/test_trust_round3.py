@@ -270,7 +270,7 @@ def test_a_ctrl_c_while_the_cli_loads_prints_one_line(tmp_path, module, how):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_during_the_torch_import_is_raised_after_it(handlers_kept, signum):
+def test_a_stop_during_the_torch_import_is_raised_after_it(signal_handlers, signum):
     """A compiled extension's initialization calls Python from C++ frames that cannot pass an exception on (exit -6
     once, in the middle of `import torch`): inside signals_deferred the stop is held, and raised when it ends."""
     import threading
@@ -287,7 +287,7 @@ def test_a_stop_during_the_torch_import_is_raised_after_it(handlers_kept, signum
     assert reached_end and stopped_by() == signum and stop.value.signum == signum
 
 
-def test_a_stop_that_ended_an_earlier_command_is_not_raised_again(handlers_kept):
+def test_a_stop_that_ended_an_earlier_command_is_not_raised_again(signal_handlers):
     """A library call after a command a Ctrl-C stopped, in the same process (convert() imports torch inside
     signals_deferred): the old stop is not raised again."""
     import threading
@@ -329,17 +329,8 @@ def test_a_ctrl_c_as_the_command_ends_prints_one_line(tmp_path, args):
     assert (r.returncode, r.stderr.splitlines()[-1:]) == (130, [EARLY_STOP.strip()]), r.stderr
 
 
-@pytest.fixture
-def handlers_kept():
-    """The signal handlers of this process as they were: a stop leaves them ignored, and children inherit that."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 @pytest.mark.parametrize("stage", ["parse", "work"])
-def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, monkeypatch, handlers_kept, stage):
+def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, monkeypatch, signal_handlers, stage):
     """The signal cut an import short and the clean-up imports the module again (ImportError), or the signal came
     while the command line was parsed: either way the interruption line and 130, not 'Aborted!' or another error."""
     import os
