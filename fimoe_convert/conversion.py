@@ -107,7 +107,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     # or a repo the Hub has).
     flags = check_flags(target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size,
                         params=params, resume=resume, overwrite=overwrite, writers=writers)
-    _check_flags(src, offline, revision, stream, upload_repo)
+    _check_stream_and_upload(src, offline, revision, stream, upload_repo)
     check_source(src, revision, offline)
     early = stream and not (dry_run or resume)
     if early:  # the shards flow while torch is imported (seconds); the conversion takes the streams over
@@ -259,7 +259,8 @@ def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
     return hashes
 
 
-def _check_flags(src: str, offline: bool, revision: str | None, stream: bool, upload_repo: str | None) -> None:
+def _check_stream_and_upload(src: str, offline: bool, revision: str | None, stream: bool,
+                             upload_repo: str | None) -> None:
     """--stream and --upload-repo, before SRC is opened: usage errors naming the flag."""
     if stream:
         check_stream_flags(src, offline, revision)
