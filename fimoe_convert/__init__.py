@@ -27,13 +27,11 @@ Where each job lives:
     plan.py            which tensors go into which output shard, in which units of work (pure)
     checkpoint/        what a DeepSeek V4 checkpoint is: config dialects, names, variants (pure)
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
-    files/             the only modules that open files, and the trust boundary: the names SRC and OUT share
-                       (names.py); safetensors header, reader, shard writer (st_*.py); files written whole
-                       (atomic.py); SRC (source.py: a folder, or a Hub repo: hub_source.py resolves, downloads and
-                       reads headers without the weights; stream.py and http_range.py stream its shards into
-                       the conversion for --stream); the manifest, typed once, and the per-rank status files
-                       (manifest.py); OUT's checks, clearing, verify, tensor reads (output.py); the lock; one strict
-                       JSON loader (jsonfile.py), one path rule (paths.py), parallel hashing
+    files/             the only modules that open files, and the trust boundary, a folder per job: the
+                       safetensors format (safetensors/), the output folder (output/: manifest file, lock,
+                       atomic writes, space, OUT's checks and verify), SRC (sources/: local, Hub, --stream, the
+                       one HTTP range reader); beside them the shared rules: names, paths, safe_open, the one
+                       strict JSON loader, hashing, presets
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions

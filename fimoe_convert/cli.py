@@ -57,7 +57,7 @@ class Cli(click.Group):
     def parse_args(self, ctx, args):
         first = args[0] if args else None
         if first and first not in self.commands and not first.startswith("-"):
-            from .files.output import path_kind
+            from .files.output.folder import path_kind
 
             close = difflib.get_close_matches(first, list(self.commands), n=1, cutoff=0.75)
             if close and "/" not in first and path_kind(first) == "missing":
@@ -268,7 +268,7 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
     defaults = {p.name: p.default for p in ctx.command.params}
     shown = [f"--{k.replace('_', '-')} {flags[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
              if flags[k] != defaults[k]]
-    from .files.output import path_kind
+    from .files.output.folder import path_kind
 
     shown_src = shlex.quote(src) if path_kind(src) == "missing" else "SRC"  # a local path stays on this machine
     return one_line(" ".join(["fimoe-convert", shown_src, "OUT", *shown,
@@ -457,7 +457,7 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
 def download_cmd(src, revision, as_json):
     """Fetch the files a conversion of the Hub repo SRC reads (weights, configs, tokenizer) into the Hugging Face
     cache (HF_HUB_CACHE), resumably; a later conversion (or an image build) then runs with --offline."""
-    from .files.hub_source import download
+    from .files.sources.hub import download
 
     r = download(src, revision)
     _emit(r, as_json, f"{src}@{r['revision']}: {plural(r['files'], 'file')}, {human(r['bytes'])} in {r['path']}")

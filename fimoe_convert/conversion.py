@@ -23,11 +23,12 @@ from .checkpoint import variant_name
 from .console import signals_deferred
 from .distributed import Group, world_size
 from .errors import InputError, UsageError, ValidationError
-from .files.atomic import remove_own_temporaries
 from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
-from .files.hub_source import check_source
-from .files.lock import OutLock
-from .files.manifest import (
+from .files.names import INDEX_NAME
+from .files.output.atomic import remove_own_temporaries
+from .files.output.folder import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
+from .files.output.lock import OutLock
+from .files.output.manifest import (
     EpRecord,
     FileRecord,
     LiveManifest,
@@ -41,11 +42,10 @@ from .files.manifest import (
     write_manifest,
     write_rank_status,
 )
-from .files.names import INDEX_NAME
-from .files.out_space import reclaimable_bytes
-from .files.output import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
-from .files.source import Source, open_source
-from .files.stream import StreamedSource, check_stream_flags, end_early, open_streamed, stream_early
+from .files.output.space import reclaimable_bytes
+from .files.sources.hub import check_source
+from .files.sources.local import Source, open_source
+from .files.sources.stream import StreamedSource, check_stream_flags, end_early, open_streamed, stream_early
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, check_flags
 from .pipeline.reads import shard_inputs, source_reads
@@ -100,8 +100,8 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
-    (files/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`); `model`: the
-    DeepSeek V4 variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before
+    (files/sources/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`);
+    `model`: the DeepSeek V4 variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before
     it starts (the --dry-run's sample timing)."""
     # 1. What needs neither torch nor SRC's files, in a fraction of a second: the flags, and SRC's name (a folder,
     # or a repo the Hub has).

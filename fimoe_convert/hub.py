@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .files.manifest import MANIFEST_NAME, Manifest
+from .files.output.manifest import MANIFEST_NAME, Manifest
 from .targets.families import family
 
 LIBRARY_NAME = "fimoe-convert"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .checkpoint import parse_expert_name, variant_name
 from .errors import UsageError
-from .files.manifest import has_manifest, read_manifest
-from .files.source import open_source, resolve_source_root
+from .files.output.manifest import has_manifest, read_manifest
+from .files.sources.local import open_source, resolve_source_root
 from .kernels import KERNELS
 from .options import parse_arch
 from .targets import TargetOptions, availability, validate

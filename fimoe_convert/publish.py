@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
-from .files.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .files.output import file_sizes, path_kind, strays as stray_files, verify_files
+from .files.output.folder import file_sizes, path_kind, strays as stray_files, verify_files
+from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .sizes import human
 
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")

@@ -12,9 +12,17 @@ from pathlib import Path
 from .distributed import Group
 from .errors import InputError, UsageError
 from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
-from .files.manifest import FileRecord, Manifest, Options, SourceRecord, has_manifest, read_manifest, read_rank_status
-from .files.output import matching_records
-from .files.source import SAME_FILE, Source, identity_change
+from .files.output.folder import matching_records
+from .files.output.manifest import (
+    FileRecord,
+    Manifest,
+    Options,
+    SourceRecord,
+    has_manifest,
+    read_manifest,
+    read_rank_status,
+)
+from .files.sources.local import SAME_FILE, Source, identity_change
 from .plan import Plan
 
 CHANGED = ("the shards kept would mix old and new source bytes: run with --overwrite in place of --resume to "

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
-from .files.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .files.out_space import stray_single_file
-from .files.output import output_tensor_bytes, read_output_tensors, verify_files
-from .files.source import Source, open_source
+from .files.output.folder import output_tensor_bytes, read_output_tensors, verify_files
+from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .files.output.space import stray_single_file
+from .files.sources.local import Source, open_source
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..budget import IO_BLOCK
-from ..files.source import Source
+from ..files.sources.local import Source
 from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
 from .schedule import KEEP_MAX, Copy, Emit, Run, group_steps, linked_groups

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..budget import SHARDS_PER_LANE
-from ..files.atomic import WrittenFile
-from ..files.source import Source
-from ..files.st_header import PlannedTensor
-from ..files.st_writer import ShardWriter
+from ..files.output.atomic import WrittenFile
+from ..files.safetensors.header import PlannedTensor
+from ..files.safetensors.writer import ShardWriter
+from ..files.sources.local import Source
 from ..plan import OutShard, Plan
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes

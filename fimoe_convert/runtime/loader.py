@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..files.manifest import Manifest, read_manifest
-from ..files.output import read_output_tensors
+from ..files.output.folder import read_output_tensors
+from ..files.output.manifest import Manifest, read_manifest
 from ..kernels import BY_NAME
 from ..numerics.structure import structure_problem, tensor_names, unflatten
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ..files.atomic import atomic_write_bytes
 from ..files.names import INDEX_NAME
-from ..files.st_header import PlannedTensor, build_header
-from ..files.st_writer import ShardWriter
+from ..files.output.atomic import atomic_write_bytes
+from ..files.safetensors.header import PlannedTensor, build_header
+from ..files.safetensors.writer import ShardWriter
 from .inventory import (
     HC,
     PRESETS,

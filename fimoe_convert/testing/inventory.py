@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..checkpoint import EXPERT_LEGS, VARIANTS, expert_name, natural_key
 from ..dtypes import FP4_GROUP
-from ..files.st_header import PlannedTensor
+from ..files.safetensors.header import PlannedTensor
 
 BLOCK = 128  # FP8 block size of attention and shared-expert weights
 HC = 4  # hyper-connection copies

@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/fimoe-loadbench")
     args = ap.parse_args()
     from fimoe_convert import convert
-    from fimoe_convert.files.source import open_source
+    from fimoe_convert.files.sources.local import open_source
     from fimoe_convert.runtime import load_transformed_weights
     from fimoe_convert.targets import TargetOptions, get_kernel, make_target
     from fimoe_convert.testing import make_checkpoint

@@ -4,7 +4,7 @@
     python3 scripts/reliability/fuzz_headers.py [--examples 100000] [--seed 0]          # hypothesis
     python3 scripts/reliability/fuzz_headers.py --engine atheris [--examples 100000]    # coverage-guided (libFuzzer)
 
-Targets: `fimoe_convert.files.st_header.parse_header` on in-memory files (the bulk), `read_header` on
+Targets: `fimoe_convert.files.safetensors.header.parse_header` on in-memory files (the bulk), `read_header` on
 real temporary files (a subset), and the path rule `paths.name_problem` (path safety).
 Hypothesis strategies, each with a share of the examples:
 
@@ -56,7 +56,7 @@ def _check_accepted(h, file_size: int) -> None:
 def parse_one(raw: bytes, file_size: int | None = None) -> str:
     """Run parse_header on the in-memory file `raw` (its size may be claimed larger than `raw`)."""
     from fimoe_convert.errors import FimoeError
-    from fimoe_convert.files.st_header import parse_header
+    from fimoe_convert.files.safetensors.header import parse_header
 
     size = len(raw) if file_size is None else file_size
     COUNT["n"] += 1
@@ -75,7 +75,7 @@ def parse_one(raw: bytes, file_size: int | None = None) -> str:
 def read_one(raw: bytes, folder: Path) -> str:
     """Write `raw` to a temporary file and run read_header on it."""
     from fimoe_convert.errors import FimoeError
-    from fimoe_convert.files.st_header import read_header
+    from fimoe_convert.files.safetensors.header import read_header
 
     path = folder / "x.safetensors"
     path.write_bytes(raw)
@@ -113,7 +113,7 @@ def _strategies():
     from hypothesis import strategies as st
 
     from fimoe_convert.dtypes import DTYPES, tensor_nbytes
-    from fimoe_convert.files.st_header import MAX_HEADER_BYTES
+    from fimoe_convert.files.safetensors.header import MAX_HEADER_BYTES
 
     dtypes = st.sampled_from(sorted(DTYPES))
     bad_dtypes = st.sampled_from(["F8", "f32", "", "BF16 ", "Q4_0", "F4\0", 17, None, ["F32"]])
@@ -344,7 +344,7 @@ def run_atheris(examples: int, seed: int) -> None:
     import torch  # noqa: F401  (heavy, imported uninstrumented)
 
     import fimoe_convert.dtypes as dt
-    import fimoe_convert.files.st_header as sio
+    import fimoe_convert.files.safetensors.header as sio
 
     # instrument_imports misses modules loaded through the editable-install finder: instrument by function
     sio.parse_header = atheris.instrument_func(sio.parse_header)

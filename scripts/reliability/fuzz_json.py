@@ -51,7 +51,7 @@ class Fixture:
 
     def __init__(self, tmp: Path):
         from fimoe_convert import convert
-        from fimoe_convert.files.source import open_source
+        from fimoe_convert.files.sources.local import open_source
         from fimoe_convert.testing import make_checkpoint
 
         self.tmp = tmp
@@ -116,7 +116,7 @@ def _config(fx: Fixture, raw: bytes):
     from fimoe_convert.checkpoint import check_counts, model_spec_from_config, variant_name
     from fimoe_convert.errors import ValidationError
     from fimoe_convert.files.jsonfile import parse_json
-    from fimoe_convert.files.source import check_config, check_experts, open_source
+    from fimoe_convert.files.sources.local import check_config, check_experts, open_source
     from fimoe_convert.kernels import get_kernel
     from fimoe_convert.targets import TargetOptions, make_target
 
@@ -147,7 +147,7 @@ def _config(fx: Fixture, raw: bytes):
 
 
 def _index(fx: Fixture, raw: bytes):
-    from fimoe_convert.files.source import open_source
+    from fimoe_convert.files.sources.local import open_source
 
     path = fx.work_src / "model.safetensors.index.json"
     path.write_bytes(raw)
@@ -162,8 +162,8 @@ def _index(fx: Fixture, raw: bytes):
 
 def _manifest(fx: Fixture, raw: bytes):
     from fimoe_convert.errors import InputError
-    from fimoe_convert.files.manifest import read_manifest
-    from fimoe_convert.files.output import earlier_files, verify_files
+    from fimoe_convert.files.output.folder import earlier_files, verify_files
+    from fimoe_convert.files.output.manifest import read_manifest
     from fimoe_convert.resume import same_inputs
 
     path = fx.work_out / "fimoe-manifest.json"
@@ -192,7 +192,7 @@ def _manifest(fx: Fixture, raw: bytes):
 
 
 def _status(fx: Fixture, raw: bytes):
-    from fimoe_convert.files.manifest import read_rank_status
+    from fimoe_convert.files.output.manifest import read_rank_status
 
     path = fx.work_out / "fimoe-status.rank0.json"
     path.write_bytes(raw)

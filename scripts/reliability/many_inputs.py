@@ -14,7 +14,7 @@ from unittest import mock
 import fimoe_convert
 import fimoe_convert.conversion as conv
 from fimoe_convert import convert
-from fimoe_convert.files import manifest as mf
+from fimoe_convert.files.output import manifest as mf
 from fimoe_convert.testing import make_checkpoint
 
 n, base = int(sys.argv[1]), Path(sys.argv[2])

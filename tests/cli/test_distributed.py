@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fimoe_convert.files.manifest import read_manifest
+from fimoe_convert.files.output.manifest import read_manifest
 from fimoe_convert.plan import OutTensor, assign_shards, plan_shards
 
 

@@ -250,7 +250,7 @@ def test_a_missing_src_folder_is_refused_before_torch_is_imported(tmp_path):
     assert re.search(rf"^error: SRC '{re.escape(str(tmp_path / 'no' / 'src'))}': no such folder, and not a Hub repo id "
                      r"\(org/name\)$", p.stderr, re.M), p.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
-    assert "fimoe_convert.files.hub_source" in imported and "torch" not in imported
+    assert "fimoe_convert.files.sources.hub" in imported and "torch" not in imported
 
 
 def test_verify_deep_checks_the_source_before_hashing_out(bf16_out_of, tmp_path):

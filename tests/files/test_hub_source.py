@@ -58,7 +58,7 @@ def test_local_dir_download_hashes_are_taken_from_its_metadata_unless_the_file_c
 
     from huggingface_hub._local_folder import write_download_metadata
 
-    import fimoe_convert.files.source as source_mod
+    import fimoe_convert.files.sources.local as source_mod
 
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)

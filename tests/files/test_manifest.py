@@ -1,4 +1,4 @@
-"""The typed manifest (files/manifest.py): what is read is what was written, byte for byte; optional fields stay
+"""The typed manifest (files/output/manifest.py): what is read is what was written, byte for byte; optional fields stay
 optional; every field the code relies on is checked, naming the file and the field."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from fimoe_convert import convert
 from fimoe_convert.errors import InputError
-from fimoe_convert.files.manifest import (
+from fimoe_convert.files.output.manifest import (
     MANIFEST_NAME,
     FileRecord,
     Manifest,

@@ -18,7 +18,7 @@ from reference import HUB_COMMIT as COMMIT, HUB_REPO as REPO
 
 from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
-from fimoe_convert.files.manifest import MANIFEST_NAME, Manifest
+from fimoe_convert.files.output.manifest import MANIFEST_NAME, Manifest
 from fimoe_convert.hub import model_card
 from fimoe_convert.kernels import get_kernel
 from fimoe_convert.targets import TargetOptions, target_record

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from fimoe_convert.files.source import open_source
+from fimoe_convert.files.sources.local import open_source
 from fimoe_convert.testing import fixture_spec, inventory, make_checkpoint
 
 BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I64": 8}

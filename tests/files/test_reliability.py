@@ -29,8 +29,10 @@ from helpers.hub_files import QuietServer
 
 from fimoe_convert.cli import main
 from fimoe_convert.errors import FimoeError
-from fimoe_convert.files import atomic, names, st_header, st_writer
-from fimoe_convert.files.st_header import parse_header
+from fimoe_convert.files import names
+from fimoe_convert.files.output import atomic
+from fimoe_convert.files.safetensors import header as st_header, writer as st_writer
+from fimoe_convert.files.safetensors.header import parse_header
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -578,7 +580,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
     """The manifest's source hashes run on several threads; a file that cannot be read then is reported by
     name, not as a bare OSError."""
     from fimoe_convert.conversion import hash_inputs
-    from fimoe_convert.files.source import open_source
+    from fimoe_convert.files.sources.local import open_source
 
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)

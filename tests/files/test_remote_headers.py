@@ -13,7 +13,7 @@ import sys
 import pytest
 from helpers.hub_files import HubFiles
 
-from fimoe_convert.files.hub_source import FIRST_BYTES
+from fimoe_convert.files.sources.hub import FIRST_BYTES
 
 REPO, COMMIT = "org/tiny-v4", "c" * 40
 
@@ -141,7 +141,7 @@ def test_a_bad_shard_on_the_hub_is_one_line_naming_it(tiny_ckpt, tmp_path, damag
 def test_a_ranged_read_returns_those_bytes_and_the_size_from_any_server(tiny_ckpt, ignore_range, start, end):
     """`_get` gives bytes [start, end] and the file's size, also when the server ignores Range and answers with
     the whole file (then it stops reading after byte `end`)."""
-    from fimoe_convert.files.hub_source import _get
+    from fimoe_convert.files.sources.hub import _get
 
     name = "model-00002-of-00004.safetensors"
     data = (tiny_ckpt / name).read_bytes()

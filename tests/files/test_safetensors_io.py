@@ -11,10 +11,10 @@ from safetensors import safe_open
 
 from fimoe_convert.budget import IO_BLOCK
 from fimoe_convert.errors import InputError
-from fimoe_convert.files import st_reader, st_writer
 from fimoe_convert.files.names import TMP_SUFFIX
-from fimoe_convert.files.st_header import PlannedTensor, read_header
-from fimoe_convert.files.st_writer import write_file
+from fimoe_convert.files.safetensors import reader as st_reader, writer as st_writer
+from fimoe_convert.files.safetensors.header import PlannedTensor, read_header
+from fimoe_convert.files.safetensors.writer import write_file
 
 SIZES = [0, 1, st_writer.DIRECT_ALIGN - 1, st_writer.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5, 3 * IO_BLOCK + 4097]
 

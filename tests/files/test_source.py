@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fimoe_convert.errors import InputError, UsageError, ValidationError
-from fimoe_convert.files.source import open_source
+from fimoe_convert.files.sources.local import open_source
 
 INDEX = "model.safetensors.index.json"
 
@@ -102,8 +102,8 @@ def tensor_in_two_shards(src):
     name = next(n for n, s in idx["weight_map"].items() if s == a)
     import torch
 
-    from fimoe_convert.files.st_header import PlannedTensor, read_header
-    from fimoe_convert.files.st_writer import write_file
+    from fimoe_convert.files.safetensors.header import PlannedTensor, read_header
+    from fimoe_convert.files.safetensors.writer import write_file
     info = read_header(src / a).tensors[name]
     hb = read_header(src / b)
     tensors = []
@@ -132,8 +132,8 @@ def missing_scale(src):
 
 
 def _drop_tensor(shard: Path, name: str) -> None:
-    from fimoe_convert.files.st_header import PlannedTensor, read_header
-    from fimoe_convert.files.st_writer import write_file
+    from fimoe_convert.files.safetensors.header import PlannedTensor, read_header
+    from fimoe_convert.files.safetensors.writer import write_file
     h = read_header(shard)
     data = shard.read_bytes()
     write_file(shard, [(PlannedTensor(t.name, t.dtype, t.shape), data[t.start:t.end])

@@ -21,11 +21,11 @@ from helpers.hub_files import HubFiles
 from helpers.stream_case import convert_both
 from test_upload import TOKEN, FakeHub, arrived, expected_files, hub  # noqa: F401 - `hub`: a Hub taking uploads
 
-import fimoe_convert.files.http_range as http_range
+import fimoe_convert.files.sources.http_range as http_range
 from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
-from fimoe_convert.files.stream import StreamedSource, end_early, open_streamed, stream_early
+from fimoe_convert.files.sources.stream import StreamedSource, end_early, open_streamed, stream_early
 from fimoe_convert.kernels import KERNELS, Kernel
 from fimoe_convert.targets.rules import availability
 from fimoe_convert.testing import seed_hub_cache

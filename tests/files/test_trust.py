@@ -25,13 +25,15 @@ import fimoe_convert.conversion as conv_mod
 from fimoe_convert import convert
 from fimoe_convert.checkpoint import check_counts, model_spec_from_config
 from fimoe_convert.errors import InputError, ValidationError
-from fimoe_convert.files import atomic, hashing, jsonfile, st_header, st_writer
+from fimoe_convert.files import hashing, jsonfile
 from fimoe_convert.files.jsonfile import HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, parse_json
-from fimoe_convert.files.lock import LOCK_NAME, OutLock
-from fimoe_convert.files.manifest import MANIFEST_NAME, STATUS, FileRecord, read_manifest
-from fimoe_convert.files.output import read_output_tensors
+from fimoe_convert.files.output import atomic
+from fimoe_convert.files.output.folder import read_output_tensors
+from fimoe_convert.files.output.lock import LOCK_NAME, OutLock
+from fimoe_convert.files.output.manifest import MANIFEST_NAME, STATUS, FileRecord, read_manifest
 from fimoe_convert.files.paths import name_problem
-from fimoe_convert.files.source import check_config, index_weight_map, open_source
+from fimoe_convert.files.safetensors import header as st_header, writer as st_writer
+from fimoe_convert.files.sources.local import check_config, index_weight_map, open_source
 from fimoe_convert.kernels import KERNELS
 from fimoe_convert.targets.rules import check_params
 
@@ -612,7 +614,7 @@ def test_copied_files_count_in_the_free_space_check(tiny_copy, tmp_path, monkeyp
 def test_copied_files_are_streamed(tmp_path):
     import tracemalloc
 
-    from fimoe_convert.files.output import copy_file
+    from fimoe_convert.files.output.folder import copy_file
 
     big = tmp_path / "tokenizer.model"
     big.write_bytes(os.urandom(1 << 20) * 64)  # 64 MiB

@@ -22,8 +22,8 @@ from test_trust import interrupted_run
 import fimoe_convert.cli as cli_mod
 from fimoe_convert import convert, verify
 from fimoe_convert.errors import InputError, ValidationError, one_line
-from fimoe_convert.files.lock import LOCK_NAME, OutLock
 from fimoe_convert.files.names import MANIFEST_NAME
+from fimoe_convert.files.output.lock import LOCK_NAME, OutLock
 from fimoe_convert.kernels import BY_NAME, KERNELS
 from fimoe_convert.numerics.structure_check import structure_problem
 
@@ -345,7 +345,7 @@ def test_resume_catches_an_input_rewritten_with_size_and_mtime_kept(tiny_copy, t
     ([b"abc"], 3, True, b"abc"),  # what was asked arrived: no timeout
 ])
 def test_a_request_has_an_overall_deadline(chunks, limit, late, result):
-    from fimoe_convert.files.hub_source import _read_at_most
+    from fimoe_convert.files.sources.hub import _read_at_most
 
     deadline = time.monotonic() - 1 if late else time.monotonic() + 60
     if result is TimeoutError:
@@ -496,7 +496,7 @@ def test_a_manifest_linked_out_of_out_is_not_read(bf16_out_of, tmp_path, link):
     ("\\u0000", False),
 ])
 def test_a_tensor_name_must_be_valid_unicode_without_control_characters(tmp_path, name, ok):
-    from fimoe_convert.files.st_header import read_header
+    from fimoe_convert.files.safetensors.header import read_header
 
     header = ('{"' + name + '": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}').encode()
     header += b" " * (-len(header) % 8)

@@ -147,7 +147,7 @@ def test_the_largest_real_files_fit_the_limits(tiny_ckpt):
 def test_a_safetensors_header_with_too_many_items_is_refused(tmp_path, monkeypatch):
     import struct
 
-    from fimoe_convert.files import st_header
+    from fimoe_convert.files.safetensors import header as st_header
 
     monkeypatch.setattr(st_header, "MAX_HEADER_ITEMS", 1000)
     header = b'{"__metadata__": {}, "a": {"dtype": "U8", "shape": [' + b",".join([b"1"] * 2000) + b"]}}"
@@ -179,8 +179,9 @@ def many_inputs(tiny_ckpt, tmp_path) -> Path:
 ])
 def test_input_hashes_are_recorded_in_batches(many_inputs, tmp_path, monkeypatch, defer_s, most_writes):
     from fimoe_convert import convert
-    from fimoe_convert.files import hashing, manifest as manifest_mod
-    from fimoe_convert.files.manifest import LiveManifest, read_manifest
+    from fimoe_convert.files import hashing
+    from fimoe_convert.files.output import manifest as manifest_mod
+    from fimoe_convert.files.output.manifest import LiveManifest, read_manifest
 
     monkeypatch.setattr(LiveManifest, "DEFER_S", defer_s)
     writes = []
@@ -204,8 +205,8 @@ def test_a_kill_with_hashes_not_yet_recorded_resumes_correctly(many_inputs, tmp_
 
     from fimoe_convert import convert
     from fimoe_convert.files import hashing
-    from fimoe_convert.files.manifest import LiveManifest
     from fimoe_convert.files.names import MANIFEST_NAME
+    from fimoe_convert.files.output.manifest import LiveManifest
 
     monkeypatch.setattr(LiveManifest, "DEFER_S", 3600.0)
     out, ref = tmp_path / "out", tmp_path / "ref"
@@ -339,7 +340,7 @@ def test_what_the_clean_up_after_a_stop_raises_is_the_stop(tiny_ckpt, tmp_path, 
 
     import fimoe_convert.cli as cli_mod
     import fimoe_convert.conversion as conversion
-    import fimoe_convert.files.output as output
+    import fimoe_convert.files.output.folder as output
 
     def stop_then_fail(*a, **k):
         try:

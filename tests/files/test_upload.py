@@ -36,7 +36,7 @@ from helpers.hub_files import QuietServer
 from fimoe_convert import upload
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
-from fimoe_convert.files.output import MANIFEST_NAME
+from fimoe_convert.files.output.folder import MANIFEST_NAME
 
 # ---------------------------------------------------------------------------------------------- fake Hub
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from fimoe_convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, UsageError, ValidationError
-from fimoe_convert.files.manifest import MANIFEST_NAME, dumps, read_manifest
+from fimoe_convert.files.output.manifest import MANIFEST_NAME, dumps, read_manifest
 from fimoe_convert.testing import make_checkpoint
 
 
@@ -198,7 +198,7 @@ def test_scale_byte_255_names_the_tensor_and_leaves_nothing_complete(tmp_path):
     name = "layers.2.ffn.experts.5.w2.scale"
     index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     shard = src / index[name]
-    from fimoe_convert.files.st_header import read_header
+    from fimoe_convert.files.safetensors.header import read_header
 
     info = read_header(shard).tensors[name]
     data = bytearray(shard.read_bytes())

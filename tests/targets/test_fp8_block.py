@@ -11,9 +11,9 @@ from reference import SEED_LUT, load_all, same_bits
 
 from fimoe_convert import convert, verify
 from fimoe_convert.errors import CorruptTensorError, InputError, ValidationError
-from fimoe_convert.files.manifest import read_manifest
-from fimoe_convert.files.source import open_source
-from fimoe_convert.files.st_header import read_header
+from fimoe_convert.files.output.manifest import read_manifest
+from fimoe_convert.files.safetensors.header import read_header
+from fimoe_convert.files.sources.local import open_source
 from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
 from fimoe_convert.testing import make_checkpoint
 

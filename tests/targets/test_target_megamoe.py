@@ -109,7 +109,7 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
                                                      max_memory, writers, l1_chunks, l2_chunks):
     """--max-memory sizes the units (chunks of one leg's experts, FlashInfer's transform per leg): any
     chunking and any number of writers give the folder of one unit per rank."""
-    from fimoe_convert.files.source import open_source
+    from fimoe_convert.files.sources.local import open_source
     from fimoe_convert.targets import TargetOptions, get_kernel, make_target
 
     unit_bytes = min(64 << 20, int(max_memory[:-3]) << {"MiB": 20, "GiB": 30}[max_memory[-3:]] >> 5)
@@ -180,7 +180,7 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     src = make_checkpoint(tmp_path / "src", "tiny", layers=1, mtp=0, hash_layers=0)
     shard_of = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
     name = "layers.0.ffn.experts.3.w2.scale"
-    from fimoe_convert.files.st_header import read_header
+    from fimoe_convert.files.safetensors.header import read_header
     info = read_header(src / shard_of[name]).tensors[name]
     data = bytearray((src / shard_of[name]).read_bytes())
     data[info.start] = 100  # one group 20 steps below the rest: the window cannot hold both

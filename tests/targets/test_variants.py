@@ -11,7 +11,7 @@ from reference import load_all, same_bits, seed_dequant
 from fimoe_convert import convert, verify
 from fimoe_convert.checkpoint import variant_name
 from fimoe_convert.errors import ValidationError
-from fimoe_convert.files.source import open_source
+from fimoe_convert.files.sources.local import open_source
 from fimoe_convert.inspection import inspect
 from fimoe_convert.kernels import KERNELS
 from fimoe_convert.testing import make_checkpoint

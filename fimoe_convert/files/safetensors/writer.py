@@ -13,11 +13,11 @@ import queue
 import threading
 from pathlib import Path
 
-from ..budget import IO_BLOCK, STAGE_BLOCKS
-from .atomic import WrittenFile, fsync_dir, track_temporary, write_failed
-from .hashing import sha256
-from .names import TMP_SUFFIX
-from .st_header import PlannedTensor, build_header
+from ...budget import IO_BLOCK, STAGE_BLOCKS
+from ..hashing import sha256
+from ..names import TMP_SUFFIX
+from ..output.atomic import WrittenFile, fsync_dir, track_temporary, write_failed
+from .header import PlannedTensor, build_header
 
 DIRECT_ALIGN = 4096  # bytes: O_DIRECT wants buffer address, file offset and length aligned to this
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from ...errors import InputError
+from ..jsonfile import BOOL, HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, read_json, sub
+from ..names import MANIFEST_NAME, RANK_STATUS
+from ..paths import name_problem
 from .atomic import atomic_write_bytes
-from .jsonfile import BOOL, HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, read_json, sub
-from .names import MANIFEST_NAME, RANK_STATUS
-from .paths import name_problem
 
 SCHEMA = "fimoe-manifest/1"
 STATUSES = ("pending", "written")

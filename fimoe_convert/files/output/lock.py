@@ -11,10 +11,10 @@ import stat
 from datetime import UTC
 from pathlib import Path
 
-from .. import __version__
-from ..errors import InputError
+from ... import __version__
+from ...errors import InputError
+from ..names import LOCK_NAME
 from .atomic import write_failed
-from .names import LOCK_NAME
 
 HOLDER_MAX_BYTES = 4096  # the holder line is ~100 bytes; more is not ours
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock: run unlocked

@@ -10,9 +10,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
-from .hashing import sha256
-from .names import TMP_SUFFIX
+from ...errors import InputError
+from ..hashing import sha256
+from ..names import TMP_SUFFIX
 
 # Temporary files this process is writing, registered before they are created: a run that fails or is
 # interrupted (even between a temporary's creation and the code that would delete it) removes them all.

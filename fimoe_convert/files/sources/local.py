@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..checkpoint import (
+from ...checkpoint import (
     EXPERT_LEGS,
     ModelSpec,
     check_counts,
@@ -18,14 +18,14 @@ from ..checkpoint import (
     natural_key,
     parse_expert_name,
 )
-from ..errors import CONTROL, InputError, ValidationError
-from .hashing import sha256_file
-from .hub_source import SHA256_RE, local_dir_sha256, remote_headers, resolve_source_root
-from .jsonfile import LIST, OBJ, STR, Fields, nullable, read_json
-from .names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, is_tool_name
-from .paths import NAME_MAX, name_problem
-from .st_header import Header, TensorInfo, as_typed, read_header
-from .st_reader import read_bytes
+from ...errors import CONTROL, InputError, ValidationError
+from ..hashing import sha256_file
+from ..jsonfile import LIST, OBJ, STR, Fields, nullable, read_json
+from ..names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, is_tool_name
+from ..paths import NAME_MAX, name_problem
+from ..safetensors.header import Header, TensorInfo, as_typed, read_header
+from ..safetensors.reader import read_bytes
+from .hub import SHA256_RE, local_dir_sha256, remote_headers, resolve_source_root
 
 MAX_EXAMPLES = 3  # missing tensors named per block in an error
 # Equal in two identity records: the same file, unchanged, not read again. ctime: every write sets it and nothing

@@ -6,8 +6,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from .names import SINGLE_NAME
-from .output import earlier_files
+from ..names import SINGLE_NAME
+from .folder import earlier_files
 
 
 def reclaimable_bytes(out_dir: Path) -> int:

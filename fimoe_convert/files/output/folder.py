@@ -1,4 +1,4 @@
-"""The OUT folder, apart from its manifest (files/manifest.py): checks of OUT before a conversion; clearing an
+"""The OUT folder, apart from its manifest (files/output/manifest.py): checks of OUT before a conversion; clearing an
 earlier conversion; copying SRC's small files in; verifying a finished folder against its manifest; reading
 output tensors by name (for `verify --deep` and the runtime shim)."""
 
@@ -9,10 +9,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ...errors import InputError
+from ..hashing import sha256_file
+from ..jsonfile import read_json
+from ..names import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, TMP_SUFFIX
+from ..paths import name_problem
+from ..safetensors.header import read_header
+from ..safetensors.reader import read_tensors
 from .atomic import atomic_write_bytes, atomic_write_stream
-from .hashing import sha256_file
-from .jsonfile import read_json
 from .manifest import (
     NONNEG,
     OBJ,
@@ -25,10 +29,6 @@ from .manifest import (
     manifest_problem,
     read_manifest,
 )
-from .names import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, TMP_SUFFIX
-from .paths import name_problem
-from .st_header import read_header
-from .st_reader import read_tensors
 
 SHARD_GLOB = "model-*-of-*.safetensors"
 COPY_BLOCK = 16 * 2**20  # bytes per read when copying SRC's small files (a tokenizer can be tens of MB)
@@ -87,7 +87,7 @@ def verify_files(out_dir: Path, manifest: Manifest | None = None, progress=None)
     """Re-hash every file the manifest lists (in parallel; `progress(done bytes, total bytes)`; names outside OUT
     refused, never opened); check that it lists the index and shards, and that the index, the manifest and every
     shard header agree."""
-    from .hashing import hash_files
+    from ..hashing import hash_files
 
     out_dir = Path(out_dir)
     manifest = manifest or read_manifest(out_dir)
@@ -339,7 +339,7 @@ def file_sizes(out_dir: Path, names: list[str]) -> dict[str, int]:
 def matching_records(out_dir: Path, records: dict[str, FileRecord], progress=None) -> set[str]:
     """The names in `records` whose file in OUT has that size and sha256 (hashed in
     parallel; `progress(done bytes, total bytes)`)."""
-    from .hashing import hash_files
+    from ..hashing import hash_files
 
     sized = {out_dir / rel: rel for rel, rec in records.items()
              if (out_dir / rel).is_file() and (out_dir / rel).stat().st_size == rec.size}

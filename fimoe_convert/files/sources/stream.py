@@ -28,10 +28,10 @@ from concurrent.futures import Future
 from dataclasses import fields
 from pathlib import Path
 
-from ..errors import InputError, UsageError
+from ...errors import InputError, UsageError
 from .http_range import Stop, read_range
-from .hub_source import HUB_PATTERNS, _is_repo_id, describing_files
-from .source import Source, open_source, summarized
+from .hub import HUB_PATTERNS, _is_repo_id, describing_files
+from .local import Source, open_source, summarized
 
 CONNECTIONS = 4  # source shards read at once: one connection each (a Hub CDN serves one at a few hundred MB/s)
 METADATA_THREADS = 8  # HEAD requests for the shards' LFS records at once
@@ -150,7 +150,7 @@ class StreamedSource(Source):
             got = dict(zip(sorted(self.remote), pool.map(record, sorted(self.remote))))
         problems = [p for _, p in got.values() if p]
         if problems:
-            from ..errors import ValidationError
+            from ...errors import ValidationError
 
             raise ValidationError(summarized(problems, "shard records could not be read from the Hub"))
         self._shards: dict[str, _Remote] = {rel: r for rel, (r, _) in got.items()}

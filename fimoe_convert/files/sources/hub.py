@@ -18,9 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import InputError, UsageError
-from .names import INDEX_NAME, MANIFEST_NAME
-from .st_header import MAX_HEADER_BYTES, Header, parse_header
+from ...errors import InputError, UsageError
+from ..names import INDEX_NAME, MANIFEST_NAME
+from ..safetensors.header import MAX_HEADER_BYTES, Header, parse_header
 
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]

@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Callable
 
-from ..errors import InputError
+from ...errors import InputError
 
 RETRIES = 5  # attempts in a row that deliver no byte before the read fails
 RETRIES_TOTAL = 50  # attempts per read, progress or not: a server that drips bytes and drops still ends

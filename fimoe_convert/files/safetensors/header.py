@@ -13,10 +13,10 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..dtypes import DTYPES, tensor_nbytes, torch_dtype
-from ..errors import CONTROL, InputError
-from .jsonfile import check_items
-from .safe_open import open_regular
+from ...dtypes import DTYPES, tensor_nbytes, torch_dtype
+from ...errors import CONTROL, InputError
+from ..jsonfile import check_items
+from ..safe_open import open_regular
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own cap
 MAX_HEADER_ITEMS = 4_000_000  # JSON items (~11 a tensor): a single-file V4-Pro header would have ~1.6 M

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import InputError
-from .st_header import TensorInfo, as_typed, read_header
+from ...errors import InputError
+from .header import TensorInfo, as_typed, read_header
 
 READ_CHUNK = 16 * 2**20  # bytes per positional read when loading tensors in parallel
 READ_THREADS = 8  # parallel reads: page-cache copies and NVMe queues both scale with them

@@ -1,0 +1,2 @@
+"""The safetensors format: the header (strict validation, header bytes), tensor reads, the streaming shard
+writer."""
