@@ -31,7 +31,8 @@ Where each job lives:
                        safetensors format (safetensors/), the output folder (output/: manifest file, lock,
                        atomic writes, space, OUT's checks and verify), SRC (sources/: local, Hub, --stream, the
                        one HTTP range reader); beside them the shared rules: names, paths, safe_open, the one
-                       strict JSON loader, hashing, presets
+                       strict JSON loader, hashing, the preset loader
+    configs/           the presets (--config NAME): TOML data, the repository's top-level configs/ folder
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions

@@ -1,10 +1,11 @@
 """Conversion presets (`--config NAME|FILE`): TOML files whose keys are `convert()`'s keyword arguments; `model` is
-the DeepSeek V4 variant the preset is made for. The recommended ones are package data (fimoe_convert/presets/),
-addressed by name."""
+the DeepSeek V4 variant the preset is made for. The recommended ones are the top-level configs/ folder, which the
+wheel ships as the package data `fimoe_convert.configs`; `--config NAME` picks one by its file name."""
 
 from __future__ import annotations
 
 import difflib
+import importlib.resources
 import tomllib
 from pathlib import Path
 
@@ -16,7 +17,19 @@ from .safe_open import open_regular
 KEYS = ("model", "target", "revision", "ep_size", "device", "arch", "max_memory", "shard_size", "allow_lossy",
         "params", "writers")
 MAX_BYTES = 64 * 1024  # a preset is a few lines; anything larger is not one
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+def _presets_dir() -> Path:
+    """The shipped presets: the package data `fimoe_convert.configs` of an installed wheel, else configs/ of the source
+    tree this package is imported from (run in place, or installed with `pip install -e .`)."""
+    installed = importlib.resources.files("fimoe_convert") / "configs"  # a Path: the package is a folder on disk
+    tree = Path(__file__).resolve().parents[2]  # fimoe_convert/files/preset.py -> the tree's root
+    if not installed.is_dir() and (tree / "pyproject.toml").is_file():
+        return tree / "configs"
+    return Path(str(installed))
+
+
+PRESETS_DIR = _presets_dir()
 
 
 def preset_names() -> list[str]:
@@ -32,8 +45,9 @@ def close_names(word: str, names: list[str]) -> list[str]:
 
 
 def preset_path(config: str | Path) -> Path:
-    """--config's file: an existing path, else a package preset by name (a `configs/convert/NAME.toml` path from
-    older docs also finds it); an unknown name is a UsageError with the names it may have meant."""
+    """--config's file: an existing path, else a shipped preset by name (a path to NAME.toml that does not exist, such
+    as configs/NAME.toml outside a source tree, also finds it); an unknown name is a UsageError with the names it may
+    have meant."""
     path = Path(config)
     if path.exists() and not path.is_dir():  # any file that exists: its reader refuses a FIFO or a device itself
         return path

@@ -1,8 +1,10 @@
-"""fimoe_convert/presets/: every preset opens with the exact command that runs it, loads, and dry-runs through the CLI
-on a checkpoint of its model's published geometry (sparse: real headers, holes for the data)."""
+"""configs/: every preset opens with the exact command that runs it, loads, and dry-runs through the CLI on a
+checkpoint of its model's published geometry (sparse: real headers, holes for the data); pyproject.toml ships the
+folder as the package data fimoe_convert.configs."""
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,11 +13,11 @@ from click.testing import CliRunner
 from fimoe_convert.checkpoint import VARIANTS
 from fimoe_convert.cli import main
 from fimoe_convert.errors import UsageError
-from fimoe_convert.files.preset import load_preset
+from fimoe_convert.files.preset import PRESETS_DIR, load_preset
 from fimoe_convert.testing import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = sorted((ROOT / "fimoe_convert" / "presets").glob("*.toml"))
+PRESETS = sorted((ROOT / "configs").glob("*.toml"))
 FIXTURE_OF = {"V4-Flash": "v4-flash", "V4-Pro": "v4-pro"}
 
 
@@ -34,6 +36,17 @@ def published(tmp_path_factory):
 
 def test_there_are_presets():
     assert len(PRESETS) >= 6
+    assert PRESETS_DIR == ROOT / "configs"  # run from the source tree: its own configs/
+
+
+def test_pyproject_ships_every_package_and_the_presets():
+    """The package list is written out (find cannot map configs/ into the package): every folder of the package,
+    and configs/ as fimoe_convert.configs with its TOML files."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fimoe_convert").rglob("__init__.py")}
+    assert sorted(tool["packages"]) == sorted(folders | {"fimoe_convert.configs"})
+    assert tool["package-dir"] == {"fimoe_convert.configs": "configs"}
+    assert tool["package-data"] == {"fimoe_convert.configs": ["*.toml"]}
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
