@@ -11,7 +11,8 @@ Reads (every file is optional; a chart whose data is missing is skipped, with a 
     benchmarks/results/cpu/2026-12-01-{memory,decode,startup}.json
         bench_memory.py / bench_decode.py / bench_startup.py --json
     benchmarks/results/cpu/2026-12-01-peers.json                       bench_peers.py's final table
-    benchmarks/results/h200/2026-12-01-v4-geometry-call[123].jsonl,
+    benchmarks/results/h200/2026-12-01-{v4-flash-geometry-bf16-fp8,v4-geometry-megamoe-and-pro,
+        v4-flash-geometry-all-targets}.jsonl,
     benchmarks/results/h200/2026-12-02-{chunked-sm90-*,whole-block-cake-run2}.jsonl
         bench_convert.py --json on the H200 at V4 geometry
     benchmarks/results/h200/2026-12-02-stream-50MBps-all.json           bench_stream.py --json (--stream vs download)
@@ -63,8 +64,9 @@ def jsonf(path: Path) -> dict | None:
 
 
 # The V4-geometry runs on the H200 (the moe_ep rows: the target's units as they are now, expert chunks or two whole
-# blocks in flight; the 2026-12-01 call 4 row measured whole-block units without overlap)
-V4_GEOMETRY = ("2026-12-01-v4-geometry-call[123].jsonl", "2026-12-02-chunked-sm90-*.jsonl",
+# blocks in flight; 2026-12-01-v4-flash-geometry-moe-ep-fp8 measured whole-block units without overlap)
+V4_GEOMETRY = ("2026-12-01-v4-flash-geometry-bf16-fp8.jsonl", "2026-12-01-v4-geometry-megamoe-and-pro.jsonl",
+               "2026-12-01-v4-flash-geometry-all-targets.jsonl", "2026-12-02-chunked-sm90-*.jsonl",
                "2026-12-02-whole-block-cake-run2.jsonl")
 
 
@@ -126,7 +128,7 @@ def chart_load(ev: Path, out: Path, made: list[str]) -> None:
 
 
 def _convert_label(r: dict) -> str:
-    when = f"call {r['call']}" if r.get("call") else r.get("date", "")
+    when = r.get("date", "")
     shards = "" if r.get("shard_size", "5GB") == "5GB" else f", {r['shard_size']} shards"
     return (f"{machine_label(r)} {r['target']}, {r['layers']} layers{shards}\n"
             f"{r['out_bytes'] / 1e9:.1f} GB out ({when})")
@@ -138,7 +140,7 @@ def chart_convert(ev: Path, out: Path, made: list[str]) -> None:
     if not old and not new:
         return skip("convert-floor.png", "no conversion benchmarks")
     latest: dict[tuple, dict] = {}
-    for r in old + new:  # the latest run of each configuration (files and calls are in time order)
+    for r in old + new:  # the latest run of each configuration (files and records are in time order)
         latest[(machine_label(r), r["target"], r["layers"], r.get("shard_size", "5GB"), r.get("date"))] = r
     rows = sorted(
         latest.values(), key=lambda r: (machine_label(r) != "H200", r["target"], r["out_bytes"], r.get("date"))
@@ -172,7 +174,7 @@ def chart_memory(ev: Path, out: Path, made: list[str]) -> None:
     for r in jsonl(ev / "2026-11-29-memory.jsonl"):
         if r.get("median"):  # the runs that took medians of 3 (the older script printed single runs)
             lines.append(
-                (f"{machine_label(r)} 2026-11-29" + (f" (call {r['call']})" if r.get("call") else ""), r["rows"])
+                (f"{machine_label(r)} 2026-11-29", r["rows"])
             )
     new = jsonf(ev / "cpu" / "2026-12-01-memory.json")
     if new:
@@ -200,18 +202,20 @@ def chart_memory(ev: Path, out: Path, made: list[str]) -> None:
 
 def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
     old = jsonl(ev / "2026-11-29-decode.jsonl")
-    gpu = {r["call"]: r for r in old if r["device"] == "cuda"}
+    # the H200's sweep run, and the proof run's decode (the kernel before the rewrite), by their logs
+    gpu = {log: r for r in old if r["device"] == "cuda"
+           for log in [r["log"].rsplit("/", 1)[-1].removeprefix("2026-11-29-").removesuffix(".log")]}
     cpu_old = [r for r in old if r["device"] == "cpu"]
     cpu_new = jsonf(ev / "cpu" / "2026-12-01-decode.json")
-    if 6 not in gpu and not cpu_old and not cpu_new:
+    if "tests-decode-sweep-memory" not in gpu and not cpu_old and not cpu_new:
         return skip("decode.png", "no decode benchmarks")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13.5, 5.4), gridspec_kw={"width_ratios": [1.35, 1]})
-    if 6 in gpu:
-        big = next(x for x in gpu[6]["rows"] if x["matrices"] == 256)
+    if "tests-decode-sweep-memory" in gpu:
+        big = next(x for x in gpu["tests-decode-sweep-memory"]["rows"] if x["matrices"] == 256)
         bars = [("seed formula\n(vLLM, one\nexpert at a time)", big["seed_gbps"], PEER)]
-        if "proof" in gpu:
-            before = next(x for x in gpu["proof"]["rows"] if x["matrices"] == 256)
-            bars.append(("earlier kernel\n(H200_PROOF.md,\nsame day)", before["ours_out_gbps"], FLOOR2))
+        if "prove-megamoe" in gpu:
+            before = next(x for x in gpu["prove-megamoe"]["rows"] if x["matrices"] == 256)
+            bars.append(("earlier kernel\n(the proof run,\nsame day)", before["ours_out_gbps"], FLOOR2))
         bars += [
             ("ours, fresh\noutput", big["ours_gbps"], "#9ecae1"),
             ("ours, into a\nreused output", big["ours_out_gbps"], OURS),
@@ -223,7 +227,7 @@ def chart_decode(ev: Path, out: Path, made: list[str]) -> None:
         a1.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=9)
         a1.set_ylim(0, big["copy_gbps"] * 1.22)
         a1.set_ylabel("GB/s (bytes read + written)")
-        a1.set_title("H200: 256 expert matrices 2048x4096\n(call 6, 2026-11-29; bit-exact vs the seed)")
+        a1.set_title("H200: 256 expert matrices 2048x4096\n(--sweep, 2026-11-29; bit-exact vs the seed)")
     cpu = [("2026-11-29\n(load ~0)", next(x for x in cpu_old[-1]["rows"] if x["matrices"] == 8))] if cpu_old else []
     if cpu_new:
         cpu.append(
