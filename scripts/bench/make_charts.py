@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -533,9 +534,11 @@ def main() -> None:
     chart_v4_geometry(rows_v4, out, made)
     diagram_pipeline(out, made)
     diagram_ep(out, made)
-    render_terminal(out / "terminal-convert.txt", out / "terminal-convert.png",
-                    "tmux capture-pane -p: fimoe-convert --dry-run, then the conversion at 49% "
-                    "(2026-12-01, a 2-core CPU)", made)
+    capture = out / "terminal-convert.txt"
+    pct = re.search(r"converting: +(\d+)%", capture.read_text()) if capture.exists() else None
+    render_terminal(capture, out / "terminal-convert.png",
+                    "tmux capture-pane -p: fimoe-convert --dry-run, then the conversion at "
+                    f"{pct.group(1) if pct else '?'}% (2026-12-03, a 2-core CPU)", made)
     if not args.no_docs:
         update_docs(REPO / "docs" / "PERFORMANCE.md", rows_v4)
     print(f"{len(made)} images: {', '.join(made)}")
