@@ -360,12 +360,20 @@ def targets_cmd(as_json):
     from .inspection import list_targets
 
     rows = list_targets()
-    lines = [f"{'target':34} {'arch':10} {'weights':9} {'nvshmem':7} {'here':4} notes"]
+    _emit(rows, as_json, "\n".join(targets_lines(rows)))
+
+
+def targets_lines(rows: list[dict], here: bool = True) -> list[str]:
+    """`targets`' text: the table, the GPUs' suggestions and the presets; here=False leaves out the `here` column
+    and its reasons, what depends on the machine (docs/TARGETS.md shows that table)."""
+    lines = [f"{'target':34} {'arch':10} {'weights':9} {'nvshmem':7} " + (f"{'here':4} " if here else "") + "notes"]
     for r in rows:
+        notes = [r["why"] if here and not r["available_here"] else "",
+                 f"aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""]
         lines.append(f"{r['name']:34} {','.join(r['capabilities']) or 'any':10} {r['weight_format'].split()[0]:9} "
-                     f"{'yes' if r['needs_nvshmem'] else 'no':7} {'yes' if r['available_here'] else 'no':4} "
-                     + (r["why"] if not r["available_here"] else "")
-                     + (f" aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""))
+                     f"{'yes' if r['needs_nvshmem'] else 'no':7} "
+                     + (f"{'yes' if r['available_here'] else 'no':4} " if here else "")
+                     + " ".join(n for n in notes if n))
         lines.append(f"{'':34} loads in: {r['engines']}")
         params = BY_NAME[r["name"]].params
         if params:
@@ -374,8 +382,7 @@ def targets_cmd(as_json):
     lines.append("suggested by GPU: " + "; ".join(f"{cap} ({name}): {', '.join(k.name for k in suggested(cap))}"
                                                    for cap, name in GPU_FAMILIES.items() if suggested(cap))
                  + "; any GPU or engine without FP4 MoE kernels: bf16 or fp8_block (docs/TARGETS.md)")
-    lines += _presets_text()
-    _emit(rows, as_json, "\n".join(lines))
+    return [line.rstrip() for line in lines + _presets_text()]
 
 
 def _presets_text() -> list[str]:

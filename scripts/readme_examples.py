@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""python3 scripts/readme_examples.py --print | --write | --check: run the README's example commands on the demo
-checkpoint and print them, rewrite README.md's marked blocks, or report the blocks that differ (exit 1).
+"""python3 scripts/readme_examples.py --print | --write | --check: run the example commands of README.md (on the demo
+checkpoint) and docs/TARGETS.md (the targets table) and print them, rewrite the documents' marked blocks, or report
+the blocks that differ (exit 1).
 
 A block is marked by `<!-- example: NAME -->` on the line just before its fence. Blocks are compared after
 `normalize()` (timings, rates, the temporary folder), so `--write` leaves a block alone when only those differ."""
@@ -14,13 +15,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# `fimoe-convert targets` less its `here` column, which depends on the machine: the listing of docs/TARGETS.md
+TARGETS_TABLE = ["-c", "from fimoe_convert.cli import targets_lines; from fimoe_convert.inspection import "
+                       "list_targets; print('\\n'.join(targets_lines(list_targets(), here=False)))"]
 
-# name -> (commands, each the arguments after `fimoe-convert`; whether the block shows them as `$ ...` lines)
+# name -> (document, commands: the arguments after `fimoe-convert`, or `-c CODE` for Python; whether the block
+# shows the commands as `$ ...` lines)
 EXAMPLES = {
-    "demo": ([["demo"]], False),
-    "inspect-verify": ([["inspect", "demo-out/out-megamoe_sm90_mxfp4"], ["verify", "demo-out/out-bf16"]], True),
-    "upload-dry-run": ([["upload", "demo-out/out-bf16", "your-name/DeepSeek-V4-Tiny-bf16", "--dry-run"]], True),
+    "demo": ("README.md", [["demo"]], False),
+    "inspect-verify": ("README.md", [["inspect", "demo-out/out-megamoe_sm90_mxfp4"], ["verify", "demo-out/out-bf16"]],
+                       True),
+    "upload-dry-run": ("README.md", [["upload", "demo-out/out-bf16", "your-name/DeepSeek-V4-Tiny-bf16", "--dry-run"]],
+                       True),
+    "targets": ("docs/TARGETS.md", [TARGETS_TABLE], False),
 }
+DOCUMENTS = sorted({doc for doc, _, _ in EXAMPLES.values()})
 MARKER = re.compile(r"<!-- example: ([\w-]+) -->\n(```[^\n]*\n)(.*?)(```)", re.S)
 VARYING = [  # (pattern, replacement): what changes between runs and machines
     (re.compile(r"\bin \d+(?:\.\d+)? s\b"), "in N s"),
@@ -38,22 +47,25 @@ def normalize(text: str, workdir: str | None = None) -> str:
 
 
 def _run(args: list[str], cwd: str, env: dict) -> str:
-    cmd = [sys.executable, "-m", "fimoe_convert", *args]
+    cmd = [sys.executable, *args] if args[0] == "-c" else [sys.executable, "-m", "fimoe_convert", *args]
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"`fimoe-convert {' '.join(args)}` exited {r.returncode}:\n{r.stdout}{r.stderr}")
     return r.stdout
 
 
-def generate() -> dict[str, str]:
-    """Run every example in a fresh folder; return each block's text (raw, temporary paths made relative)."""
+def generate(names: list[str] | None = None) -> dict[str, str]:
+    """Run every example (or those named) in a fresh folder; return each block's text (raw, temporary paths made
+    relative)."""
     out = {}
     with tempfile.TemporaryDirectory(prefix="readme-examples-") as tmp:
         # the repo's package, no Hub token or stored login, so the upload listing says the same on every machine
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
         env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                    HF_HOME=str(Path(tmp) / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1")
-        for name, (commands, prompt) in EXAMPLES.items():
+        for name, (_, commands, prompt) in EXAMPLES.items():
+            if names is not None and name not in names:
+                continue
             text = ""
             for args in commands:
                 text += f"$ fimoe-convert {' '.join(args)}\n" if prompt else ""
@@ -62,25 +74,28 @@ def generate() -> dict[str, str]:
     return out
 
 
-def readme_blocks(text: str) -> dict[str, str]:
+def readme_blocks(text: str, doc: str = "README.md") -> dict[str, str]:
     """Each marked block's content, by name; a name marked twice is an error."""
     blocks: dict[str, str] = {}
     for m in MARKER.finditer(text):
         if m.group(1) in blocks:
-            raise ValueError(f"README.md marks the example {m.group(1)!r} twice; keep one marker per block")
+            raise ValueError(f"{doc} marks the example {m.group(1)!r} twice; keep one marker per block")
         blocks[m.group(1)] = m.group(3)
     return blocks
 
 
-def differences(text: str, generated: dict[str, str]) -> list[str]:
-    """One line per problem: a missing or unknown marker, or a block whose normalized text differs."""
-    blocks = readme_blocks(text)
-    problems = [f"{n}: no `<!-- example: {n} -->` marker before a fenced block in README.md"
+def differences(text: str, generated: dict[str, str], doc: str = "README.md") -> list[str]:
+    """One line per problem of the document `doc`: a missing or unknown marker, or a block whose normalized text
+    differs (the examples of the other documents are left out)."""
+    blocks = readme_blocks(text, doc)
+    generated = {n: g for n, g in generated.items() if EXAMPLES[n][0] == doc}
+    problems = [f"{n}: no `<!-- example: {n} -->` marker before a fenced block in {doc}"
                 for n in generated if n not in blocks]
-    problems += [f"{n}: README.md marks an example this script does not generate" for n in blocks if n not in generated]
+    problems += [f"{n}: {doc} marks an example this script does not generate" for n in blocks
+                 if n not in EXAMPLES or EXAMPLES[n][0] != doc]
     for name in generated:
         if name in blocks and normalize(blocks[name]) != normalize(generated[name]):
-            problems.append(f"{name}: README.md shows\n{normalize(blocks[name])}but the command prints now\n"
+            problems.append(f"{name}: {doc} shows\n{normalize(blocks[name])}but the command prints now\n"
                             f"{normalize(generated[name])}")
     return problems
 
@@ -107,15 +122,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, block in generated.items():
             print(f"<!-- example: {name} -->\n```text\n{block}```\n")
         return 0
-    text = README.read_text()
-    if a.write:
-        new = rewrite(text, generated)
-        if new != text:
-            tmp = README.with_name(README.name + ".tmp")
-            tmp.write_text(new)
-            os.replace(tmp, README)
-    problems = differences(README.read_text(), generated)
-    print("\n".join(problems) or f"README.md: {len(generated)} example blocks match")
+    problems = []
+    for doc in DOCUMENTS:
+        path = REPO / doc
+        text = path.read_text()
+        if a.write:
+            new = rewrite(text, generated)
+            if new != text:
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(new)
+                os.replace(tmp, path)
+        found = differences(path.read_text(), generated, doc)
+        problems += found
+        mine = sum(1 for d, _, _ in EXAMPLES.values() if d == doc)
+        print("\n".join(found) or f"{doc}: {mine} example blocks match")
     return 1 if problems else 0
 
 
