@@ -10,8 +10,8 @@ Where each job lives:
       budget.py          the one memory budget from --max-memory: unit size, unit check, writer lanes
       resume.py          what an earlier run into OUT left (--resume)
       distributed.py     the ranks of a torchrun launch
-      pipeline/          moving bytes: channels, the schedule of a shard (pure), reader/converter threads,
-                         writer lanes
+      pipeline/          moving bytes: channels, the schedule of a shard and the reads of --stream (pure),
+                         reader/converter threads, writer lanes
     verification.py    verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
     eta.py             the --dry-run estimate, from one unit of the target's own work, measured
@@ -29,8 +29,8 @@ Where each job lives:
     numerics/          pure tensor functions: FP4/FP8 decode, Marlin order, FlashInfer object structure
     files/             the only modules that open files, and the trust boundary, a folder per job: the
                        safetensors format (safetensors/), the output folder (output/: manifest file, lock,
-                       atomic writes, space, OUT's checks and verify), SRC (sources/: local, Hub, --stream, the
-                       one HTTP range reader); beside them the shared rules: names, paths, safe_open, the one
+                       atomic writes, space, OUT's checks and verify), SRC (sources/: local, Hub, --stream and
+                       its resuming HTTP range reads); beside them the shared rules: names, paths, safe_open, the one
                        strict JSON loader, hashing, the preset loader
     configs/           the presets (--config NAME): TOML data, the repository's top-level configs/ folder
     runtime/           the shim that loads an output into FlashInfer with no load-time transform

@@ -137,7 +137,7 @@ KERNELS: tuple[Kernel, ...] = (
             aliases=("deep_gemm_mega", "flashinfer_moe_ep_mega_deep_gemm"),
             vllm_moe_backend="flashinfer_moe_ep_mega_deep_gemm", needs_packages=("deep_gemm",), recommended=True,
             # DeepGEMM's scale transform refuses SM90 ("Unknown SF transformation":
-            # evidence/h200/2026-12-01-deepgemm.log)
+            # benchmarks/results/h200/2026-12-01-deepgemm.log)
             preprocess_needs_cuda=True, preprocess_capabilities=SM100),
 )
 

@@ -1,7 +1,8 @@
 """Ranged HTTP reads of a Hub file that resume where they stopped: a dropped connection, a stalled server, a 5xx or
 a body that ends early is asked again from the first byte not yet received, a bounded number of times. A server
-that ignores Range (200, the whole file) or starts elsewhere is kept to the bytes asked for, as remote.py's `_get`.
-Hand-written: huggingface_hub's downloader resumes only into a file on disk, and --stream writes none."""
+that ignores Range (200, the whole file) or starts elsewhere is kept to the bytes asked for, as hub.py's `_get`
+(a shard's header, one request) is. Hand-written: huggingface_hub's downloader resumes only into a file on disk,
+and --stream writes none."""
 
 from __future__ import annotations
 
