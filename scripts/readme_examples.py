@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         found = differences(path.read_text(), generated, doc)
         problems += found
         mine = sum(1 for d, _, _ in EXAMPLES.values() if d == doc)
-        print("\n".join(found) or f"{doc}: {mine} example blocks match")
+        print("\n".join(found) or f"{doc}: {mine} example {'block matches' if mine == 1 else 'blocks match'}")
     return 1 if problems else 0
 
 
