@@ -210,6 +210,8 @@ def main() -> None:
               help="Output shards written and hashed at once (default: from the cores and --max-memory).")
 @click.option("--stream", is_flag=True,
               help="Read a Hub SRC's shards over HTTP straight into the conversion (sha256-checked), none to disk.")
+@click.option("--connections", type=int, default=None,
+              help="--stream: ranged GETs at once, over the shards (default 16: a 1 GB/s link at 100 MB/s each).")
 @click.option("--upload-repo", default=None, metavar="ORG/NAME",
               help="Upload the finished, verified OUT to this Hub repo at the end (as `fimoe-convert upload`).")
 @click.option("--config", "config", default=None, metavar="NAME|FILE", is_eager=True, callback=_preset,
