@@ -60,17 +60,21 @@ def skip_unless_it_converts_here(k: Kernel):
 def served(tiny_ckpt, tmp_path, monkeypatch):
     """The tiny checkpoint as REPO@COMMIT on a fake Hub that huggingface_hub is pointed at; an empty cache."""
     with HubFiles(REPO, tiny_ckpt, COMMIT) as h:
-        monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
-        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            h.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        monkeypatch.setenv("HF_TOKEN", "")
-        monkeypatch.setattr(http_range, "BACKOFF_SECONDS", (0.01,))
-        yield h
+        yield point_at(h, tmp_path, monkeypatch)
+
+
+def point_at(h: HubFiles, tmp_path, monkeypatch, token: str = "") -> HubFiles:
+    """huggingface_hub pointed at the fake Hub `h`, with HF_TOKEN `token` and an empty cache."""
+    monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", h.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setattr(http_range, "BACKOFF_SECONDS", (0.01,))
+    return h
 
 
 def downloaded(tiny_ckpt, tmp_path, monkeypatch, target: str, **kw):
