@@ -48,6 +48,7 @@ def _interrupted(e: KeyboardInterrupt, meta: dict):
     signum = getattr(e, "signum", signal.SIGINT)
     click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
                f"{meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
+    gc.freeze()  # a stop ends within a second or two: the collector's passes over torch's objects at exit took 1.5-2 s
     sys.exit(128 + signum)
 
 
