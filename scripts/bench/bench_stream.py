@@ -1,21 +1,22 @@
 """--stream against a plain download, over the same capped link, in one run.
 
-A local Hub server (127.0.0.1) serves a fixture checkpoint as the Hub does (resolve URLs with Range, the LFS
-sha256 in X-Linked-Etag, a tree listing), all connections together through one token bucket of --rate bytes per
-second (the link), each connection through one of its own of --conn-rate (what a CDN serves one connection).
-Timed for each --rate, each with a fresh Hugging Face cache: a plain download of the shards (huggingface_hub's
-snapshot_download in a process of its own, as `hf download` runs it: 8 files at once), each target converted from
-that download (`--offline`: what users do without --stream), then `fimoe-convert REPO OUT --stream` for each
+A local Hub server (127.0.0.1) serves a fixture checkpoint as the Hub does (resolve URLs with Range, the LFS sha256
+in X-Linked-Etag, a tree listing), all connections together through one token bucket of --rate bytes per second (the
+link), each connection through one of its own of --conn-rate (what a CDN serves one connection). Timed for each
+--rate, each with a fresh Hugging Face cache: a plain download of the shards (huggingface_hub's snapshot_download in
+a process of its own, as `hf download` runs it: 8 files at once), each target converted from the downloaded shards
+(what users do without --stream: convert --offline; here from the served folder, the same bytes, so that the disk
+holds one copy of the source beside a bf16 output of 3.6x its size), then `fimoe-convert REPO OUT --stream` for each
 target. The disk used (the cache plus OUT, polled with du) is sampled throughout; the peak is printed beside the
-output's size, and each conversion's peak RSS beside --max-memory. Goal: --stream within 1.15x of the download
-where convert --offline alone is faster than the download, else within 1.15x of max(download, convert --offline);
-peak disk at most the output plus 1%; peak RSS within --max-memory. The fixture is kept in --work between runs of
-the same geometry. V4-Flash geometry: --layers 2 --experts 256 --mtp 1 (10.4 GB of shards).
+output's size, and each conversion's peak RSS beside --max-memory. Goal: --stream within 1.15x of the download where
+convert --offline alone is faster than the download, else within 1.15x of max(download, convert --offline); peak
+disk at most the output plus 1%; peak RSS within --max-memory. The fixture is kept in --work between runs of the
+same geometry. V4-Flash geometry: --layers 2 --experts 256 --mtp 1 (10.4 GB of shards).
 
 usage: python3 scripts/bench/bench_stream.py [--rate 50MB[,200MB,...]] [--conn-rate 100MB] [--connections N]
        [--layers 1] [--experts 96] [--mtp 0] [--work DIR] [--code DIR]
        [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
-       python3 scripts/bench/bench_stream.py --chart-from FILE.json --chart FILE.png   (needs matplotlib only)
+       python3 scripts/bench/bench_stream.py --chart-from FILE.json[,...] --chart FILE.png   (needs matplotlib only)
        python3 scripts/bench/bench_stream.py --serve FOLDER [--repo ORG/NAME] [--commit SHA] [--rate 1GB]
            (serve FOLDER as a Hub repo until killed, its URL on the first line; scripts/prebake/build_local.sh
            imports its `Hub` to count the bytes it serves)"""
@@ -207,12 +208,13 @@ def download(hub: Hub, cache: Path, code: Path) -> None:
     child([sys.executable, "-c", script, REPO, COMMIT, str(cache)], env_for(hub, cache, code))
 
 
-def convert(hub: Hub, cache: Path, out: Path, target: str, args, how: str = "--stream") -> dict:
-    """One CLI conversion of REPO in a child: `--stream`, or `--offline` from the cache a download filled; its
-    --json summary with `peak_rss`."""
-    pin = ["--revision", COMMIT] if how == "--offline" else []  # the download fetched the commit, not `main`
-    conns = ["--connections", str(args.connections)] if how == "--stream" and args.connections else []
-    text, rss = child([sys.executable, "-m", "fimoe_convert", REPO, str(out), how, *pin, *conns, "--target", target,
+def convert(hub: Hub, cache: Path, out: Path, target: str, args, local: Path | None = None) -> dict:
+    """One CLI conversion in a child: REPO with `--stream`, or the folder `local` (the downloaded shards: the
+    same bytes the download put in its cache, which is deleted once timed, so that the disk holds one copy);
+    its --json summary with `peak_rss`."""
+    how = [str(local)] if local else [REPO, "--stream"]
+    conns = ["--connections", str(args.connections)] if not local and args.connections else []
+    text, rss = child([sys.executable, "-m", "fimoe_convert", how[0], str(out), *how[1:], *conns, "--target", target,
                        "--max-memory", args.max_memory, "--json", "-q", *EXTRA.get(target, [])],
                       env_for(hub, cache, args.code))
     return {**json.loads(text), "peak_rss": rss}
@@ -259,14 +261,16 @@ def main() -> None:
     ap.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[2],
                     help="the folder whose fimoe_convert the conversions run (default: this script's checkout)")
     ap.add_argument("--json", default=None, help="write the results as JSON to this file (a list: one per rate)")
-    ap.add_argument("--chart-from", default=None, help="draw the chart of an earlier --json FILE, then exit")
+    ap.add_argument("--chart-from", default=None,
+                    help="draw the chart of earlier --json FILEs (comma-separated), then exit")
     ap.add_argument("--chart", default="docs/img/stream.png")
     ap.add_argument("--serve", default=None, metavar="FOLDER", help="serve FOLDER as --repo@--commit until killed")
     ap.add_argument("--repo", default=REPO)
     ap.add_argument("--commit", default=COMMIT)
     args = ap.parse_args()
     if args.chart_from:
-        return chart(json.loads(Path(args.chart_from).read_text()), Path(args.chart))
+        got = [json.loads(Path(f).read_text()) for f in args.chart_from.split(",")]
+        return chart([r for g in got for r in (g if isinstance(g, list) else [g])], Path(args.chart))
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from fimoe_convert.sizes import parse_size
 
@@ -312,17 +316,17 @@ def one_rate(args, src: Path, work: Path, rate: str, floor: float) -> dict:
     seconds, peak = timed(lambda: download(hub, cache, args.code), cache)
     results["download"] = {"seconds": round(seconds, 2), "peak_disk": peak}
     print(f"plain download: {seconds:.2f} s, {human(shard_bytes / seconds)}/s, peak disk {human(peak)}", flush=True)
-    first = {}  # the alternative: convert the downloaded copy (--offline), after the download
+    shutil.rmtree(cache)
+    first = {}  # the alternative: convert the downloaded copy (offline), after the download
     for target in args.targets.split(","):
         out, res = work / f"offline-{target}", {}
-        secs, _ = timed(lambda: res.update(convert(hub, cache, out, target, args, "--offline")), out)  # noqa: B023 - called within this iteration
+        secs, _ = timed(lambda: res.update(convert(hub, cache, out, target, args, src)), out)  # noqa: B023 - called within this iteration
         first[target] = {"seconds": round(secs, 2), "convert_seconds": round(res["seconds"], 2),
                          "peak_rss": res["peak_rss"]}
         print(f"download first, then --offline {target}: convert {secs:.2f} s (convert() {res['seconds']:.2f} s); "
               f"with the download {seconds + secs:.2f} s, peak disk {human(peak + du(out))}", flush=True)
         shutil.rmtree(out)
     results["download_first"] = first
-    shutil.rmtree(cache)
     for target in args.targets.split(","):
         cache, out = work / f"cache-{target}", work / f"out-{target}"
         res: dict = {}
