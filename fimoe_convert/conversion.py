@@ -45,7 +45,14 @@ from .files.output.manifest import (
 from .files.output.space import reclaimable_bytes
 from .files.sources.hub import check_source
 from .files.sources.local import Source, open_source
-from .files.sources.stream import StreamedSource, check_stream_flags, end_early, open_streamed, stream_early
+from .files.sources.stream import (
+    CONNECTIONS,
+    StreamedSource,
+    check_stream_flags,
+    end_early,
+    open_streamed,
+    stream_early,
+)
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, check_flags
 from .pipeline.reads import shard_inputs, source_reads
@@ -93,25 +100,28 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
             writers: int | None = None, progress: Callable[[int, int], None] | None = None,
             check_progress: Callable[[int, int], None] | None = None, command: str | None = None,
             stream: bool = False, upload_repo: str | None = None, model: str | None = None,
-            config: str | None = None, notice: Callable[[str], None] | None = None) -> ConvertResult:
+            config: str | None = None, notice: Callable[[str], None] | None = None,
+            connections: int | None = None) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
-    (files/sources/stream.py); `upload_repo`: publish the finished, verified OUT there at the end (`upload`);
-    `model`: the DeepSeek V4 variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before
-    it starts (the --dry-run's sample timing)."""
+    (files/sources/stream.py), with `connections` ranged GETs at once (default stream.CONNECTIONS);
+    `upload_repo`: publish the finished, verified OUT there at the end (`upload`); `model`: the DeepSeek V4
+    variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before it
+    starts (the --dry-run's sample timing)."""
     # 1. What needs neither torch nor SRC's files, in a fraction of a second: the flags, and SRC's name (a folder,
     # or a repo the Hub has).
     flags = check_flags(target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size,
                         params=params, resume=resume, overwrite=overwrite, writers=writers)
     _check_stream_and_upload(src, offline, revision, stream, upload_repo)
+    connections = _check_connections(connections, stream)
     check_source(src, revision, offline)
     early = stream and not (dry_run or resume)
     if early:  # the shards flow while torch is imported (seconds); the conversion takes the streams over
-        stream_early(src, revision, flags.memory.stream_bytes)
+        stream_early(src, revision, flags.memory.stream_bytes, connections)
     try:
         with signals_deferred():  # a stop inside torch's C++ initialization would abort the process: held to its end
             import torch  # noqa: F401
@@ -121,7 +131,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
         return _convert(src, Path(out).expanduser(), opts, t0, revision=revision, resume=resume,
                         overwrite=overwrite, dry_run=dry_run, offline=offline, progress=progress,
                         check_progress=check_progress, command=command, stream=stream, upload_repo=upload_repo,
-                        model=model, config=config, notice=notice)
+                        model=model, config=config, notice=notice, connections=connections)
     finally:
         if early:
             end_early()
@@ -131,7 +141,7 @@ def _convert(src: str, out_dir: Path, opts: ConvertOptions, t0: float, *, revisi
              overwrite: bool, dry_run: bool, offline: bool, progress: Callable[[int, int], None] | None,
              check_progress: Callable[[int, int], None] | None, command: str | None, stream: bool,
              upload_repo: str | None, model: str | None, config: str | None,
-             notice: Callable[[str], None] | None) -> ConvertResult:
+             notice: Callable[[str], None] | None, connections: int) -> ConvertResult:
     """convert() once the flags are checked and torch is imported."""
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
     group = Group()
@@ -169,7 +179,7 @@ def _convert(src: str, out_dir: Path, opts: ConvertOptions, t0: float, *, revisi
         lanes, budget, threads = _sizing(opts, biggest, len(todo), plan.read_bytes, result.bytes_written)
         hashes = hash_inputs(source, _local_inputs(source) if group.rank == 0 else [], threads, manifest)
         on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
-        _start_stream(source, plan, todo, carried, opts.memory, manifest, on_exit)
+        _start_stream(source, plan, todo, carried, opts.memory, manifest, on_exit, connections)
         mine = _write_shards(plan, todo, source, converter, out_dir, (lanes, budget), manifest, group, progress, result,
                              t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
@@ -228,12 +238,12 @@ def _done(result: ConvertResult, opts: ConvertOptions, t0: float) -> ConvertResu
 
 
 def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, memory: MemoryBudget,
-                  manifest: LiveManifest, on_exit: contextlib.ExitStack) -> None:
+                  manifest: LiveManifest, on_exit: contextlib.ExitStack, connections: int) -> None:
     """--stream: start reading the source shards, each hashed as it streams and recorded once verified;
     `memory.stream_bytes` hold tensors that arrive before the lanes ask for them. No-op for another source."""
     if isinstance(source, StreamedSource):
         source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, memory.stream_bytes,
-                     lambda rel, sha: _record_sha(source, manifest, rel, sha))
+                     lambda rel, sha: _record_sha(source, manifest, rel, sha), connections)
         on_exit.push(lambda failed, *_: source.close(failed is not None))
 
 
@@ -257,6 +267,18 @@ def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
     hashes = source.verified()
     result.bytes_fetched = source.fetched
     return hashes
+
+
+def _check_connections(connections: int | None, stream: bool) -> int:
+    """--connections: a count of at least 1, with --stream only; the default where not given."""
+    if connections is None:
+        return CONNECTIONS
+    if not stream:
+        raise UsageError(f"--connections {connections}: it sets --stream's ranged GETs at once; add --stream or "
+                         "drop --connections")
+    if connections < 1:
+        raise UsageError(f"--connections {connections}: expected at least 1 (default {CONNECTIONS})")
+    return connections
 
 
 def _check_stream_and_upload(src: str, offline: bool, revision: str | None, stream: bool,

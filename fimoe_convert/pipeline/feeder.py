@@ -89,12 +89,20 @@ class Feeder:
         return self
 
     def stop(self) -> None:
+        """A failure or a stop: both threads wake, the reader too where it waits on the source for bytes."""
+        self._close()
+        self.source.interrupt()
+
+    def _close(self) -> None:
         self.budget.close()
         self.read_q.close()
         self.out_q.close()
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        if exc[0] is None:
+            self._close()
+        else:
+            self.stop()
         for t in self.threads:
             t.join(timeout=60)
 

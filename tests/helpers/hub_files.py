@@ -5,7 +5,10 @@ X-Linked-Size, with a git blob sha1 as ETag). It counts the bytes it sends, so a
 downloaded. Faults for tests: `fault(name, start, part) -> bytes` changes what a GET sends (fewer bytes than its
 Content-Length: the connection is then closed, as a dropped one), `errors[name] = [status, ...]` answers those
 statuses first. `other`: an object whose `_handle(h)` answers every other request (POST, PUT, other repos), so that
-one endpoint serves both reads and uploads, as the real Hub does."""
+one endpoint serves both reads and uploads, as the real Hub does. `storage`: large files are stored elsewhere, as
+the Hub's Xet-backed files are: the resolve URL of a *.safetensors file answers 302 (with its LFS record) to a
+second server, the storage host, at a signed URL that takes Range; `storage_refusals` answers that many of its
+GETs 403 (a signature expired)."""
 
 from __future__ import annotations
 
@@ -28,15 +31,18 @@ class QuietServer(ThreadingHTTPServer):
 
 
 class HubFiles:
-    def __init__(self, repo_id: str, folder: Path, commit: str, ignore_range: bool = False):
+    def __init__(self, repo_id: str, folder: Path, commit: str, ignore_range: bool = False, storage: bool = False):
         """`ignore_range`: answer every GET with the whole file (200), as a server without Range support does."""
         self.repo_id, self.folder, self.commit, self.ignore_range = repo_id, Path(folder), commit, ignore_range
         self.sent = 0  # body bytes sent, over all requests
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.authorizations: list[str | None] = []  # the Authorization header of each request
         self.lock = threading.Lock()
         self.fault = None
         self.errors: dict[str, list[int]] = {}
         self.other = None
+        self.storage = _Storage(self) if storage else None
+        self.storage_refusals = 0
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -62,11 +68,14 @@ class HubFiles:
 
     def __enter__(self) -> "HubFiles":
         self.thread.start()
+        if self.storage:
+            self.storage.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in [self.server, *([self.storage.server] if self.storage else [])]:
+            server.shutdown()
+            server.server_close()
 
     def _pass(self, h: BaseHTTPRequestHandler) -> None:
         if self.other is None:
@@ -82,6 +91,7 @@ class HubFiles:
             return self._pass(h)
         with self.lock:
             self.requests.append((h.command, path, h.headers.get("Range")))
+            self.authorizations.append(h.headers.get("Authorization"))
         if path.startswith(f"/api/models/{self.repo_id}/tree/") and body:
             return self._tree(h)
         m = re.fullmatch(rf"/{re.escape(self.repo_id)}/resolve/([^/]+)/(.+)", path)
@@ -101,6 +111,22 @@ class HubFiles:
             h.send_header("Content-Length", "0")
             h.end_headers()
             return
+        if self.storage and file.suffix == ".safetensors":  # the LFS record here, the bytes on the storage host
+            h.send_response(302)
+            h.send_header("X-Repo-Commit", self.commit)
+            h.send_header("X-Linked-Etag", f'"{etag}"')
+            h.send_header("X-Linked-Size", str(len(data)))
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            h.send_header("ETag", f'"{blob}"')
+            h.send_header("Location", f"{self.storage.url}/blobs/{etag}?name={m.group(2)}"
+                                      f"&signature=s{self.storage.signed}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        self._send_file(h, body, m.group(2), data, etag, file.suffix == ".safetensors")
+
+    def _send_file(self, h: BaseHTTPRequestHandler, body: bool, name: str, data: bytes, etag: str, lfs: bool) -> None:
+        """`data` (the file `name`), or the part its Range asks for, with the headers huggingface_hub reads."""
         start, end, status = 0, len(data) - 1, 200
         rng = None if self.ignore_range else h.headers.get("Range")
         if rng:
@@ -109,7 +135,7 @@ class HubFiles:
         part = data[start:end + 1]
         h.send_response(status)
         h.send_header("X-Repo-Commit", self.commit)
-        if file.suffix == ".safetensors":
+        if lfs:
             h.send_header("X-Linked-Etag", f'"{etag}"')
             h.send_header("X-Linked-Size", str(len(data)))
             etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -119,7 +145,7 @@ class HubFiles:
             h.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         h.end_headers()
         if body:
-            sent = self.fault(m.group(2), start, part) if self.fault else part
+            sent = self.fault(name, start, part) if self.fault else part
             if len(sent) < len(part):
                 h.close_connection = True
             part = sent
@@ -145,3 +171,49 @@ class HubFiles:
         h.send_header("Content-Length", str(len(payload)))
         h.end_headers()
         h.wfile.write(payload)
+
+
+class _Storage:
+    """The storage host `HubFiles(storage=True)` redirects to: /blobs/{sha256}?name=...&signature=... with Range.
+    `requests`: (path, Range, Authorization) of each request; a signature older than `signed` is refused (403)."""
+
+    def __init__(self, hub: HubFiles):
+        self.requests: list[tuple[str, str | None, str | None]] = []
+        self.signed = 1  # the signature the Hub hands out now
+        storage = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                storage._serve(hub, self)
+
+            def do_HEAD(self):
+                storage._serve(hub, self)
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"  # another origin than the Hub's: its port
+        self.thread = threading.Thread(target=self.server.serve_forever, name="hub-storage", daemon=True)
+
+    def _serve(self, hub: HubFiles, h: BaseHTTPRequestHandler) -> None:
+        from urllib.parse import parse_qs
+
+        url = urlsplit(h.path)
+        query = parse_qs(url.query)
+        with hub.lock:
+            self.requests.append((url.path, h.headers.get("Range"), h.headers.get("Authorization")))
+            refuse = h.command == "GET" and hub.storage_refusals > 0
+            if refuse:
+                hub.storage_refusals -= 1
+                self.signed += 1  # the Hub signs anew; the signature used here has expired
+        name = query.get("name", [""])[0]
+        file = hub.folder / name
+        if refuse or not file.is_file() or query.get("signature") != [f"s{self.signed}"]:
+            h.send_response(403)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        data = file.read_bytes()
+        hub._send_file(h, h.command == "GET", name, data, hashlib.sha256(data).hexdigest(), True)

@@ -77,6 +77,9 @@ class Source:
         part = TensorInfo(name, info.dtype, info.shape, info.start + start, info.start + end)
         return read_bytes(self.path_of(name), part)
 
+    def interrupt(self) -> None:
+        """The conversion stops: a read waiting for bytes that are not here yet ends at once (a streamed source)."""
+
     def is_local(self, name: str) -> bool:
         return self.weight_map[name] not in self.remote
 

@@ -1,25 +1,30 @@
 """SRC streamed from the Hub (--stream): the shards' bytes go from HTTP into the conversion, never to disk.
 
-Design: each SOURCE shard is read once, front to back, on one connection (several shards at once), and its
-sha256 is computed as its bytes arrive and compared with the Hub's own record (the LFS sha256) at its end: the
-check covers every byte, the header included, with no second read. The conversion asks for tensors in output
-order, which the source shards' order need not follow: a tensor that arrives before it is asked for is kept in
-memory (at most `cap` bytes of such tensors; a stream waits for room), and a stream whose shard holds a tensor
-the conversion waits for skips ahead of the room rule. A tensor skipped that way is hashed (blake2b) and, when
-asked for, fetched again by range and compared with that hash, so every byte converted is a byte checked.
-(The other design, one ranged read per tensor in output order, would need the shard's bytes again in order for
-its sha256, or hold all out-of-order bytes until the gap before them filled.)
+Design: each remote SOURCE shard is cut into chunks of CHUNK_BYTES, each fetched by one ranged GET; `connections`
+workers (--connections) take chunks in the order the conversion consumes their bytes (the plan's reads), so many
+connections, on one shard and across shards, fill a link that one connection cannot. Each shard's sha256 is
+computed over its contiguous prefix as chunks land (in file order) and compared with the Hub's own record (the LFS
+sha256) at its end: the check covers every byte, the header included. A chunk's priority is the earliest read of
+it or of any later chunk of its shard, so a shard's chunks are fetched front to back and its hash never waits long.
 
-An output shard converted from a source shard not yet verified is written but recorded as finished only once
-every source shard it read is verified; a mismatch stops the run naming the shard and deletes those outputs.
+Memory: chunks received are held (at most `cap` bytes, in flight included) until hashed and read by every planned
+read. With no room, a held chunk needed later than the next one is dropped, its blake2b kept; fetched again, its
+bytes must match that hash, so every byte converted is a byte checked. An output shard converted from a source
+shard not yet verified is written but recorded as finished only once every source shard it read is verified; a
+mismatch stops the run naming the shard and deletes those outputs.
 
-`stream_early` opens SRC and begins the streams (shards in index order, tensors kept within the cap) on a thread
-while the caller imports the converters (torch: seconds); the conversion's `open_streamed` takes that source
-over, and `start` then gives the streams the plan's order and drops what the plan does not read."""
+Large files on the Hub are stored elsewhere: the resolve URL answers 302 to a storage host with a signed URL that
+takes Range. Ranges go there directly, without the Hub token; a refused signed URL (expired) is resolved again.
+
+`stream_early` opens SRC and begins the streams (shards in index order, chunks kept within the cap) on a thread
+while the caller imports the converters (torch: seconds); the conversion's `open_streamed` takes that source over,
+and `start` then gives the chunks the plan's order and drops what the plan does not read."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import heapq
 import os
 import re
 import threading
@@ -27,16 +32,26 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ...errors import InputError, UsageError
 from .http_range import Stop, read_range
 from .hub import HUB_PATTERNS, _is_repo_id, describing_files
 from .local import Source, open_source, summarized
 
-CONNECTIONS = 4  # source shards read at once: one connection each (a Hub CDN serves one at a few hundred MB/s)
+CONNECTIONS = 16  # ranged GETs at once (--connections): 16 x ~100 MB/s per connection fills a 1 GB/s link
+CHUNK_BYTES = 32 << 20  # bytes per ranged GET at most: long enough for a connection to reach its speed
+MIN_CHUNK_BYTES = 1 << 20  # ... and at least, however small the memory budget
 METADATA_THREADS = 8  # HEAD requests for the shards' LFS records at once
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")  # a file stored in git itself, not LFS: its etag is the git blob sha1
+_LAST = float("inf")  # the priority of bytes no planned read needs: hashed after the rest
+
+
+def chunk_bytes(cap: int, connections: int) -> int:
+    """Bytes per ranged GET: CHUNK_BYTES, fewer where `connections` chunks in flight would take over half of the
+    memory `cap`."""
+    return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, cap // (2 * connections)))
 
 
 def check_stream_flags(src: str, offline: bool, revision: str | None) -> None:
@@ -51,21 +66,54 @@ def check_stream_flags(src: str, offline: bool, revision: str | None) -> None:
                          "network: drop one of them")
 
 
-class _Remote:
-    """One source shard on the Hub and how far its stream has come."""
+class _Chunk:
+    """Bytes [start, end) of a remote shard and where they are: queued, fetching, held (`data`), or dropped."""
 
-    def __init__(self, rel: str, url: str, size: int, etag: str, spans: list[tuple[int, int, str]]):
-        self.rel, self.url, self.size, self.etag, self.spans = rel, url, size, etag, spans
-        self.names = {n for _, _, n in spans}
-        self.state = "queued"  # queued, streaming, done
-        self.skipped: dict[str, bytes] = {}  # tensor -> blake2b of the bytes streamed past, not kept
+    __slots__ = ("shard", "start", "end", "key", "reads", "data", "hashed", "digest", "users", "queued", "busy")
+
+    def __init__(self, shard: "_Remote", start: int, end: int, key: tuple):
+        self.shard, self.start, self.end, self.key = shard, start, end, key
+        self.reads: collections.deque[int] | None = None  # planned reads (their index) not made yet; None: no plan
+        self.data: bytearray | None = None
+        self.hashed = False  # the shard's sha256 has taken these bytes
+        self.digest: bytes | None = None  # blake2b of the bytes first received, once they were dropped
+        self.users = 0  # readers and the hasher copying from `data`
+        self.queued = True  # in the fetch queue (never fetched, or dropped and needed again)
+        self.busy = False  # being fetched
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+class _Remote:
+    """One source shard on the Hub: its chunks, and its sha256 over the prefix received so far."""
+
+    def __init__(self, rel: str, url: str, size: int, etag: str, location: str, order: int):
+        self.rel, self.url, self.size, self.etag, self.order = rel, url, size, etag, order
+        self.direct = _elsewhere(url, location)  # a storage host's signed URL the Hub redirects to, or None
+        self.chunks: list[_Chunk] = []
+        self.next = 0  # the first chunk not hashed yet
+        self.hashing = False
+        self.sha256 = hashlib.sha256()
+        self.git = hashlib.sha1(b"blob %d\0" % size) if len(etag) == 40 else None
+        self.done = False
+
+
+def _elsewhere(url: str, location: str | None) -> str | None:
+    """`location` where it is on another host than `url` (a redirect to storage), else None."""
+    if not location:
+        return None
+    a, b = urlsplit(url), urlsplit(location)
+    return location if b.netloc and (a.scheme, a.netloc) != (b.scheme, b.netloc) else None
 
 
 _EARLY: dict[tuple[str, str | None], Future] = {}  # stream_early's sources, until open_streamed takes them
 
 
-def stream_early(spec: str, revision: str | None, cap: int) -> None:
-    """Open SRC `spec` and begin its streams on a thread now (holding at most `cap` bytes of tensors); the next
+def stream_early(spec: str, revision: str | None, cap: int, connections: int = CONNECTIONS) -> None:
+    """Open SRC `spec` and begin its streams on a thread now (`connections` at once, holding at most `cap` bytes of
+    chunks); the next
     `open_streamed(spec, revision)` returns that source (or raises its error). Streams begun already for SRC are
     kept (a caller began them before convert(), which begins them too)."""
     if (spec, revision) in _EARLY:
@@ -76,7 +124,7 @@ def stream_early(spec: str, revision: str | None, cap: int) -> None:
     def run() -> None:
         try:
             source = _open_streamed(spec, revision)
-            source._start_early(cap)
+            source._start_early(cap, connections)
             future.set_result(source)
         except BaseException as e:  # noqa: BLE001 - raised where the conversion opens SRC
             future.set_exception(e)
@@ -122,19 +170,21 @@ def _open_streamed(spec: str, revision: str | None) -> "StreamedSource":
 
 
 class StreamedSource(Source):
-    """A Source whose shards in `remote` are read from the Hub as they stream (local shards as usual).
-    `start` begins the streams, `read`/`read_range` take tensors from them, `verified` waits for every sha256."""
+    """A Source whose shards in `remote` are read from the Hub in chunks (local shards as usual). `start` begins
+    the fetches, `read`/`read_range` take bytes from the chunks, `verified` waits for every sha256."""
 
     def attach(self) -> None:
-        """Read each remote shard's LFS record (sha256, size) from the Hub; all problems at once."""
+        """Read each remote shard's LFS record (sha256, size, where it is stored) from the Hub; all problems at
+        once."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+        from huggingface_hub import hf_hub_url
 
         def record(rel: str):
             where = f"{self.repo_id}/{rel}@{self.revision}"
+            url = hf_hub_url(self.repo_id, rel, revision=self.revision)
             try:
-                meta = get_hf_file_metadata(hf_hub_url(self.repo_id, rel, revision=self.revision))
+                meta = _metadata(url)
             except Exception as e:  # HTTP and transport errors: one line each, listed together
                 return None, f"{where}: reading its record from the Hub failed ({type(e).__name__}); check the network"
             etag, size = (meta.etag or "").lower(), self.headers[rel].file_size
@@ -143,11 +193,11 @@ class StreamedSource(Source):
                               "checked as they stream: download the repo first (drop --stream)")
             if meta.size != size:
                 return None, f"{where}: the Hub records {meta.size} bytes, its header was read from {size}"
-            spans = sorted((i.start, i.end, n) for n, i in self.headers[rel].tensors.items())
-            return _Remote(rel, hf_hub_url(self.repo_id, rel, revision=self.revision), size, etag, spans), None
+            return _Remote(rel, url, size, etag, meta.location, rels.index(rel)), None
 
+        rels = sorted(self.remote)
         with ThreadPoolExecutor(METADATA_THREADS) as pool:
-            got = dict(zip(sorted(self.remote), pool.map(record, sorted(self.remote))))
+            got = dict(zip(rels, pool.map(record, rels)))
         problems = [p for _, p in got.values() if p]
         if problems:
             from ...errors import ValidationError
@@ -155,18 +205,18 @@ class StreamedSource(Source):
             raise ValidationError(summarized(problems, "shard records could not be read from the Hub"))
         self._shards: dict[str, _Remote] = {rel: r for rel, (r, _) in got.items()}
         self._cv = threading.Condition()
-        self._cache: dict[str, bytearray] = {}  # tensor -> its bytes, kept until read `_left` bytes
-        self._left: dict[str, int] = {}
-        self._waiting: dict[str, int] = {}
-        self._used = self._cap = 0
-        self._queue: list[str] = []
+        self._queue: list[tuple[tuple, int, _Chunk]] = []  # heap: (key, tie, chunk) of chunks to fetch
+        self._tie = 0
+        self._held = self._cap = 0  # bytes of chunks held or in flight, and at most
+        self._fetching = 0
+        self._waiting: collections.Counter[_Chunk] = collections.Counter()  # chunks readers wait for
         self._sha: dict[str, str] = {}  # verified shards
         self._pending: list[tuple[set[str], Path, Callable[[], None]]] = []
         self._error: BaseException | None = None
         self._closed = self._started = self._early = False
-        self._planned = False  # `_left` holds the plan's reads (before, early streams keep every tensor)
         self._on_verified: Callable[[str, str], None] = lambda rel, sha: None
-        self.fetched = 0  # bytes received from the Hub, over all streams and re-reads
+        self.fetched = 0  # bytes received from the Hub, over all chunks and re-reads
+        self.connections = CONNECTIONS
         for rel in self.remote:  # no local file: the identity of a Hub file at a pinned commit is its size
             self.identities[rel] = {"size": self._shards[rel].size, "mtime_ns": 0, "ctime_ns": 0, "inode": 0,
                                     "dev": 0}
@@ -188,171 +238,245 @@ class StreamedSource(Source):
             return self._shards[rel].etag
         return self.verified([rel])[rel]
 
-    # -- streams -----------------------------------------------------------------------------------------------
+    # -- the schedule ------------------------------------------------------------------------------------------
 
     def start(self, reads: list[tuple[str, int]], carried: dict[str, str | None], cap: int,
-              on_verified: Callable[[str, str], None]) -> None:
-        """Begin streaming. `reads`: (tensor, bytes) the conversion will read, in its order; `carried`: the sha256
-        an earlier run verified (--resume); `cap`: bytes of tensors held before they are read; `on_verified(rel,
-        sha256)` as each shard is verified. A shard none of whose tensors is read and whose sha256 was verified
-        before is not fetched at all."""
-        order: dict[str, int] = {}
-        left: dict[str, int] = {}
-        for i, (name, n) in enumerate(reads):
-            rel = self.weight_map[name]
-            if rel in self._shards:
-                left[name] = left.get(name, 0) + n
-                order.setdefault(rel, i)
-        if self._early:
-            return self._plan_early(left, order, cap, on_verified)
-        self._left, self._planned = left, True
-        self._cap, self._on_verified, self._started = cap, on_verified, True
-        for rel, shard in self._shards.items():
-            old = carried.get(rel)
-            if rel not in order and old and _SHA256_RE.match(shard.etag):
-                if old != shard.etag:
-                    raise InputError(f"--resume: {self.repo_id}/{rel}@{self.revision}: the Hub records sha256 "
-                                     f"{shard.etag[:16]}..., the earlier run verified {old[:16]}...; run with "
-                                     "--overwrite in place of --resume to convert again")
-                shard.state = "done"
-                self._sha[rel] = old
-        self._queue = sorted((r for r, s in self._shards.items() if s.state == "queued"),
-                             key=lambda r: (order.get(r, len(reads)), r))
-        for i in range(min(CONNECTIONS, len(self._queue))):
-            threading.Thread(target=self._worker, name=f"fimoe-stream{i}", daemon=True).start()
-
-    def _start_early(self, cap: int) -> None:
-        """Begin streaming before the plan is known: shards in index order, every tensor kept within `cap`."""
+              on_verified: Callable[[str, str], None], connections: int | None = None) -> None:
+        """Begin fetching. `reads`: (tensor, bytes) the conversion will read, in its order (a tensor read in
+        parts is read front to back); `carried`: the sha256 an earlier run verified (--resume); `cap`: bytes of
+        chunks held at once; `on_verified(rel, sha256)` as each shard is verified; `connections`: ranged GETs at
+        once. A shard none of whose tensors is read and whose sha256 was verified before is not fetched at all."""
+        touched = {self.weight_map[n] for n, _ in reads} & set(self._shards)
         with self._cv:
-            self._cap, self._early = cap, True
-            self._queue = sorted(self._shards)
-        for i in range(min(CONNECTIONS, len(self._queue))):
-            threading.Thread(target=self._worker, name=f"fimoe-stream{i}", daemon=True).start()
-
-    def _plan_early(self, left: dict[str, int], order: dict[str, int], cap: int, on_verified) -> None:
-        """The plan reaches early streams: the shards not begun in its order, tensors it does not read dropped,
-        the shards verified so far recorded."""
-        with self._cv:
-            self._left, self._planned, self._started, self._on_verified = left, True, True, on_verified
-            self._cap = cap
-            for name in [n for n in self._cache if not left.get(n)]:
-                self._used -= len(self._cache.pop(name))
-            self._queue.sort(key=lambda r: (order.get(r, len(order)), r))
-            done = dict(self._sha)
+            self._cap, self._on_verified, self._started = cap, on_verified, True
+            if not self._early:
+                self.connections = connections or self.connections
+                for rel, shard in self._shards.items():
+                    old = carried.get(rel)
+                    if rel not in touched and old and _SHA256_RE.match(shard.etag):
+                        if old != shard.etag:
+                            raise InputError(f"--resume: {self.repo_id}/{rel}@{self.revision}: the Hub records "
+                                             f"sha256 {shard.etag[:16]}..., the earlier run verified {old[:16]}...; "
+                                             "run with --overwrite in place of --resume to convert again")
+                        shard.done = True
+                        self._sha[rel] = old
+                    else:
+                        self._cut(shard, chunk_bytes(cap, self.connections))
+            self._plan(reads)
+            done = dict(self._sha) if self._early else {}
             self._cv.notify_all()
-        for rel, sha in done.items():
+        if not self._early:
+            self._spawn()
+        for rel, sha in done.items():  # verified by early fetches before the plan came
             on_verified(rel, sha)
 
-    def _worker(self, rel: str | None = None) -> None:
-        """Stream queued shards one after another; given `rel` (asked for before its turn): that shard only."""
-        once = rel is not None
+    def _start_early(self, cap: int, connections: int) -> None:
+        """Begin fetching before the plan is known: shards in index order, every chunk kept within `cap`."""
+        with self._cv:
+            self._cap, self._early, self.connections = cap, True, connections
+            for shard in self._shards.values():
+                self._cut(shard, chunk_bytes(cap, connections))
+        self._spawn()
+
+    def _cut(self, shard: _Remote, size: int) -> None:
+        shard.chunks = [_Chunk(shard, a, min(a + size, shard.size), (shard.order, a))
+                        for a in range(0, shard.size, size)]
+        for c in shard.chunks:
+            self._push(c)
+
+    def _push(self, c: _Chunk) -> None:
+        c.queued = True
+        self._tie += 1
+        heapq.heappush(self._queue, (c.key, self._tie, c))
+
+    def _plan(self, reads: list[tuple[str, int]]) -> None:
+        """Give each chunk the planned reads of its bytes and a priority: the earliest read of it or of a later
+        chunk of its shard (so the shard's hash runs front to back); drop what the plan does not read."""
+        at: dict[str, int] = {}  # a tensor read in parts: where its next part starts
+        for c in (c for s in self._shards.values() for c in s.chunks):
+            c.reads = collections.deque()
+        for i, (name, n) in enumerate(reads):
+            shard = self._shards.get(self.weight_map[name])
+            if shard is None or not shard.chunks:
+                continue
+            info = self.info(name)
+            lo = info.start + at.get(name, 0)
+            at[name] = (at.get(name, 0) + n) % max(info.nbytes, 1)
+            for c in self._covering(shard, lo, lo + n):
+                if not c.reads or c.reads[-1] != i:
+                    c.reads.append(i)
+        for shard in self._shards.values():
+            best = _LAST
+            for c in reversed(shard.chunks):
+                best = min(best, c.reads[0] if c.reads else _LAST)
+                c.key = (best, shard.order, c.start)
+            for c in shard.chunks:
+                self._release(c)
+        self._queue = []
+        for c in (c for s in self._shards.values() for c in s.chunks):
+            if c.queued:
+                self._push(c)
+
+    @staticmethod
+    def _covering(shard: _Remote, lo: int, hi: int) -> list[_Chunk]:
+        size = shard.chunks[0].size
+        return shard.chunks[lo // size:(max(hi, lo + 1) - 1) // size + 1]
+
+    def _spawn(self) -> None:
+        for i in range(self.connections):
+            threading.Thread(target=self._worker, name=f"fimoe-stream{i}", daemon=True).start()
+
+    # -- fetching ----------------------------------------------------------------------------------------------
+
+    def _worker(self) -> None:
         while True:
             with self._cv:
-                if rel is None:
-                    if not self._queue or self._closed:
-                        return
-                    rel = self._queue.pop(0)
-                shard = self._shards[rel]
-                shard.state = "streaming"
+                c = self._next()
+                if c is None:
+                    return
             try:
-                self._stream(shard)
+                data = self._fetch(c)
             except Stop:
                 return
             except BaseException as e:  # noqa: BLE001 - handed to every reader and to `verified`
                 self._fail(e)
                 return
-            if once:
-                return
-            rel = None
+            self._arrived(c, data)
 
-    def _stream(self, shard: _Remote) -> None:
-        """Read `shard` front to back: hash every byte, keep the tensors the conversion reads, verify at the end."""
-        where = f"{self.repo_id}/{shard.rel}@{self.revision}"
-        sha256 = hashlib.sha256()
-        git = hashlib.sha1(b"blob %d\0" % shard.size) if len(shard.etag) == 40 else None
-        spans, at, pos = shard.spans, 0, 0  # next span, file offset
-        cur: dict = {}  # the tensor being received: name, start, end, and buf (kept) or blake (skipped) or neither
+    def _next(self) -> _Chunk | None:
+        """The next chunk to fetch (under the lock): the queue's first, when it fits within the cap (chunks
+        needed later dropped to make room), or when readers wait and nothing else is in flight; None once
+        closed."""
+        while not self._closed:
+            while self._queue and not self._queue[0][2].queued:
+                heapq.heappop(self._queue)  # fetched already under an earlier key
+            if self._queue:
+                c = self._queue[0][2]
+                if self._fits(c) or (self._waiting and not self._fetching):
+                    heapq.heappop(self._queue)
+                    c.queued, c.busy = False, True
+                    self._held += c.size
+                    self._fetching += 1
+                    return c
+            self._cv.wait()
+        return None
+
+    def _fits(self, c: _Chunk) -> bool:
+        """Whether `c` fits within the cap, dropping held chunks needed later than `c` (latest first)."""
+        if self._held + c.size <= self._cap:
+            return True
+        if c.reads is None:
+            return False  # before the plan: every chunk may be read
+        later = sorted((h for s in self._shards.values() for h in s.chunks
+                        if h.data is not None and not h.users and self._need(h) > c.key[0]),
+                       key=self._need, reverse=True)
+        for h in later:
+            h.digest = hashlib.blake2b(h.data, digest_size=32).digest()  # the bytes fetched again must match it
+            h.data = None
+            self._held -= h.size
+            self._push_again(h)
+            if self._held + c.size <= self._cap:
+                return True
+        return False
+
+    @staticmethod
+    def _need(c: _Chunk) -> float:
+        """When the conversion or the hash next needs chunk `c`: its next planned read, else its priority."""
+        return c.reads[0] if c.reads else c.key[0]
+
+    def _push_again(self, c: _Chunk) -> None:
+        c.key = (self._need(c), c.shard.order, c.start)
+        self._push(c)
+
+    def _fetch(self, c: _Chunk) -> bytearray:
+        """Chunk `c`'s bytes from the Hub (from its storage host, without the Hub's token, where it redirects)."""
+        shard = c.shard
+        buf, at = bytearray(c.size), 0
 
         def sink(view: memoryview) -> None:
-            nonlocal at, pos
+            nonlocal at
             if self._closed:
                 raise Stop
-            sha256.update(view)
-            if git is not None:
-                git.update(view)
-            self.fetched += len(view)
-            while len(view):
-                if not cur and at < len(spans) and pos >= spans[at][0]:
-                    self._begin(shard, spans[at], cur)
-                    at += 1
-                stop = cur["end"] if cur else (spans[at][0] if at < len(spans) else shard.size)
-                take = view[:max(stop - pos, 0)]
-                if "buf" in cur:
-                    cur["buf"][pos - cur["start"]:pos - cur["start"] + len(take)] = take
-                elif "blake" in cur:
-                    cur["blake"].update(take)
-                pos += len(take)
-                view = view[len(take):]
-                if cur and pos >= cur["end"]:
-                    self._end(shard, cur)
-                    cur.clear()
-                elif not len(take) and not cur and at >= len(spans):
-                    break  # bytes after the last tensor (a valid file has none): hashed, not used
+            buf[at:at + len(view)] = view
+            at += len(view)
 
-        read_range(shard.url, 0, shard.size, sink, where=where)
-        got = (git or sha256).hexdigest()
-        if got != shard.etag:
-            raise InputError(f"{where}: the {'sha256' if git is None else 'git sha1'} of the bytes received, "
-                             f"{got[:16]}..., differs from the Hub's record, {shard.etag[:16]}...; nothing converted "
-                             "from it is kept: run again with --resume (a damaged transfer), or download the repo "
-                             "first to check the file")
-        self._verify(shard, sha256.hexdigest())
+        where = f"{self.repo_id}/{shard.rel}@{self.revision}"
+        direct = shard.direct
+        try:
+            read_range(direct or shard.url, c.start, c.end, sink, token=False if direct else None, where=where)
+        except InputError:
+            if direct is None:
+                raise
+            # a signed URL lasts hours: refused, it is asked of the Hub again, once
+            shard.direct = _elsewhere(shard.url, _metadata(shard.url).location) or shard.direct
+            read_range(shard.direct, c.start + at, c.end, sink, token=False, where=where)
+        return buf
 
-    def _begin(self, shard: _Remote, span: tuple[int, int, str], cur: dict) -> None:
-        """At a tensor's first byte: keep it (room under the cap, or the conversion waits for it), or hash and
-        skip it (the conversion waits for a later tensor of this shard), or wait for room."""
-        start, end, name = span
-        cur.update(name=name, start=start, end=end)
-        n = end - start
-        unread = lambda: self._planned and not self._left.get(name)  # noqa: E731 - not read by this run
+    def _arrived(self, c: _Chunk, data: bytearray) -> None:
+        shard = c.shard
+        where = f"{self.repo_id}/{shard.rel}@{self.revision}"
+        if c.digest is not None and hashlib.blake2b(data, digest_size=32).digest() != c.digest:
+            self._fail(InputError(f"{where}: bytes {c.start}-{c.end - 1} read again differ from the bytes read "
+                                  "before; the file changed on the server: run again"))
+            return
         with self._cv:
-            self._cv.wait_for(lambda: self._closed or unread() or name in self._waiting or self._used + n <= self._cap
-                              or self._used == 0 or any(w in shard.names for w in self._waiting))
-            if self._closed:
-                raise Stop
-            if unread():
-                return  # hashed with the shard only
-            if name in self._waiting or self._used + n <= self._cap or self._used == 0:
-                self._used += n
-                cur["buf"] = bytearray(n)
-            else:
-                cur["blake"] = hashlib.blake2b(digest_size=32)
-
-    def _end(self, shard: _Remote, cur: dict) -> None:
-        # bytes, not a tensor: an early stream must not wait for the import of torch
-        with self._cv:
-            if "buf" in cur and self._planned and not self._left.get(cur["name"]):
-                self._used -= len(cur["buf"])  # kept before the plan came, which does not read it
-            elif "buf" in cur:
-                self._cache[cur["name"]] = cur["buf"]
-            elif "blake" in cur:
-                shard.skipped[cur["name"]] = cur["blake"].digest()
+            self.fetched += c.size
+            self._fetching -= 1
+            c.busy, c.data, c.digest = False, data, None
             self._cv.notify_all()
+        self._hash(shard)
 
-    def _verify(self, shard: _Remote, sha: str) -> None:
+    def _hash(self, shard: _Remote) -> None:
+        """Take the shard's chunks received in file order into its sha256; one thread at a time per shard."""
+        while True:
+            with self._cv:
+                c = shard.chunks[shard.next] if shard.next < len(shard.chunks) else None
+                if shard.hashing or c is None or c.data is None or self._closed:
+                    return
+                shard.hashing = True
+                c.users += 1
+            shard.sha256.update(c.data)
+            if shard.git is not None:
+                shard.git.update(c.data)
+            with self._cv:
+                shard.hashing = False
+                c.users -= 1
+                c.hashed = True
+                shard.next += 1
+                self._release(c)
+                self._cv.notify_all()
+            if shard.next == len(shard.chunks):
+                return self._check(shard)
+
+    def _release(self, c: _Chunk) -> None:
+        """Drop `c`'s bytes once hashed and read by every planned read (under the lock)."""
+        if c.data is not None and c.hashed and c.reads is not None and not c.reads and not c.users:
+            c.data = None
+            self._held -= c.size
+
+    def _check(self, shard: _Remote) -> None:
+        where = f"{self.repo_id}/{shard.rel}@{self.revision}"
+        got = (shard.git or shard.sha256).hexdigest()
+        if got != shard.etag:
+            self._fail(InputError(f"{where}: the {'sha256' if shard.git is None else 'git sha1'} of the bytes "
+                                  f"received, {got[:16]}..., differs from the Hub's record, {shard.etag[:16]}...; "
+                                  "nothing converted from it is kept: run again with --resume (a damaged transfer), "
+                                  "or download the repo first to check the file"))
+            return
+        sha = shard.sha256.hexdigest()
         with self._cv:
-            shard.state = "done"
+            shard.done = True
             self._sha[shard.rel] = sha
             ready = [p for p in self._pending if p[0] <= set(self._sha)]
             self._pending = [p for p in self._pending if p not in ready]
-            on_verified = self._on_verified  # read here: `_plan_early` records the shards verified before it
+            on_verified = self._on_verified  # read here: `start` records the shards verified before it
             self._cv.notify_all()
         on_verified(shard.rel, sha)
         for _, _, fn in ready:
             fn()
 
     def _fail(self, error: BaseException) -> None:
-        """Stop every stream and reader with `error`; delete the outputs converted from unverified bytes."""
+        """Stop every fetch and reader with `error`; delete the outputs converted from unverified bytes."""
         with self._cv:
             if self._error is None:
                 self._error = error
@@ -363,16 +487,20 @@ class StreamedSource(Source):
             path.unlink(missing_ok=True)
 
     def close(self, failed: bool = False) -> None:
-        """End the streams (the run is over); with `failed`, delete outputs whose sources were not verified."""
+        """End the fetches (the run is over); with `failed`, delete outputs whose sources were not verified."""
         if failed:
             self._fail(InputError("the conversion stopped"))
         with self._cv:
             self._closed = True
             self._cv.notify_all()
 
+    def interrupt(self) -> None:
+        """The conversion stops: readers waiting for bytes wake (raising Stop) and the fetches end, at once."""
+        self._fail(Stop("the conversion stopped"))
+
     def after_verified(self, tensors: set[str], path: Path, fn: Callable[[], None]) -> None:
         """Call `fn` (record the output shard `path` as finished) once every source shard holding one of
-        `tensors` is verified: now, or from the stream that verifies the last."""
+        `tensors` is verified: now, or from the fetch that verifies the last."""
         deps = {self.weight_map[n] for n in tensors} & set(self._shards)
         with self._cv:
             if self._error is not None:
@@ -384,8 +512,8 @@ class StreamedSource(Source):
         fn()
 
     def verified(self, rels: list[str] | None = None) -> dict[str, str]:
-        """{shard: sha256} of `rels` (default: every remote shard), waiting for their streams; raises the
-        stream's error (a mismatch names the shard)."""
+        """{shard: sha256} of `rels` (default: every remote shard), waiting for their fetches; raises the
+        fetch's error (a mismatch names the shard)."""
         rels = list(self._shards) if rels is None else rels
         with self._cv:
             self._cv.wait_for(lambda: self._error is not None or all(r in self._sha for r in rels))
@@ -395,77 +523,56 @@ class StreamedSource(Source):
 
     # -- tensors -----------------------------------------------------------------------------------------------
 
-    def _take(self, name: str, start: int, end: int):
-        """Bytes [start, end) of remote tensor `name` (uint8): from memory, waiting for its stream, or fetched
-        again by range when its stream skipped it."""
-        shard = self._shards[self.weight_map[name]]
-        with self._cv:
-            self._waiting[name] = self._waiting.get(name, 0) + 1
-            self._cv.notify_all()  # a stream waiting for room skips ahead to it
-            try:
-                while name not in self._cache:
-                    if self._error is not None:
-                        raise self._error
-                    if name in shard.skipped:
-                        break
-                    if shard.state == "done":  # streamed past and not kept: read more than `start` was told
-                        raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often than "
-                                         "planned; this is a bug: run again without --stream and report it")
-                    if shard.state == "queued":  # asked before its turn: a connection of its own now
-                        self._queue.remove(shard.rel)
-                        shard.state = "streaming"
-                        threading.Thread(target=self._worker, args=(shard.rel,), daemon=True).start()
-                    self._cv.wait()
-            finally:
-                self._waiting[name] -= 1
-                if not self._waiting[name]:
-                    del self._waiting[name]
-        if name not in self._cache:
-            self._refetch(shard, name)
+    def _take(self, name: str, start: int, end: int, out=None):
+        """Bytes [start, end) of remote tensor `name` (uint8, into `out` where given), from the chunks that hold
+        them: waiting for each (first in the queue while a reader waits), fetched again where it was dropped."""
         import torch
 
-        with self._cv:
-            buf = self._cache[name]
-            self._left[name] -= end - start
-            last = self._left[name] <= 0
-            if last:
-                del self._cache[name]
-                self._used -= len(buf)
-                self._cv.notify_all()
-        data = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
-        whole = start == 0 and end == len(buf)
-        return data if whole and last else data[start:end].clone()
-
-    def _refetch(self, shard: _Remote, name: str) -> None:
-        """Fetch `name` again by range into memory, refused unless it is the bytes its stream hashed."""
+        shard = self._shards[self.weight_map[name]]
         info = self.info(name)
-        buf, at = bytearray(info.nbytes), 0
-
-        def sink(view: memoryview) -> None:
-            nonlocal at
-            buf[at:at + len(view)] = view
-            at += len(view)
-            self.fetched += len(view)
-
-        where = f"{self.repo_id}/{shard.rel}@{self.revision}"
-        read_range(shard.url, info.start, info.end, sink, where=where)
-        if hashlib.blake2b(buf, digest_size=32).digest() != shard.skipped[name]:
-            self._fail(InputError(f"{where}: tensor {name!r} read again differs from the bytes streamed and hashed "
-                                  "before; the file changed on the server: run again"))
-            raise self._error
-        with self._cv:
-            if name not in self._cache:
-                self._cache[name] = buf
-                self._used += info.nbytes
+        lo, hi = info.start + start, info.start + end
+        buf = out.view(torch.uint8).reshape(-1) if out is not None else torch.empty(hi - lo, dtype=torch.uint8)
+        for c in self._covering(shard, lo, hi) if hi > lo else []:
+            with self._cv:
+                if c.data is None and not c.queued and not c.busy:
+                    if c.digest is None:
+                        raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often than "
+                                         "planned; this is a bug: run again without --stream and report it")
+                    self._push_again(c)
+                self._waiting[c] += 1
+                self._cv.notify_all()  # a fetch waiting for room goes now
+                try:
+                    self._cv.wait_for(lambda: c.data is not None or self._error is not None)  # noqa: B023
+                finally:
+                    self._waiting[c] -= 1
+                    if not self._waiting[c]:
+                        del self._waiting[c]
+                if self._error is not None:
+                    raise self._error
+                c.users += 1
+            a, b = max(lo, c.start), min(hi, c.end)
+            try:
+                buf[a - lo:b - lo] = torch.frombuffer(c.data, dtype=torch.uint8)[a - c.start:b - c.start]
+            finally:
+                with self._cv:
+                    c.users -= 1
+                    if c.reads:
+                        c.reads.popleft()
+                    self._release(c)
+                    self._cv.notify_all()
+        return buf
 
     def read_raw(self, name: str, out=None):
         if self.is_local(name):
             return super().read_raw(name, out)
-        data = self._take(name, 0, self.info(name).nbytes)
-        if out is None:
-            return data
-        out.copy_(data)
-        return out
+        return self._take(name, 0, self.info(name).nbytes, out)
 
     def read_range(self, name: str, start: int, end: int):
         return super().read_range(name, start, end) if self.is_local(name) else self._take(name, start, end)
+
+
+def _metadata(url: str):
+    """The Hub's record of the file at `url`: sha256 (etag), size, and where it is stored (location)."""
+    from huggingface_hub import get_hf_file_metadata
+
+    return get_hf_file_metadata(url)
