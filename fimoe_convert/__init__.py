@@ -34,6 +34,9 @@ Where each job lives:
                        strict JSON loader, hashing, presets
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
+    records.py         every record written or returned, typed once (pure): the manifest and its parts, the one
+                       file record, the index and status files, the results of convert, verify, inspect, upload
+                       and targets; one strict reader and one writer derived from the fields
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions
 
 Imports go one way (tests/cli/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
@@ -45,6 +48,7 @@ files):
     runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
     targets, runtime -> kernels (data)
     budget (memory constants) <- files, pipeline, options, targets, conversion
+    records (pure; imports errors only) <- versions and every layer above
     conversion -> publish (--upload-repo publishes OUT at the end)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
@@ -66,13 +70,14 @@ def __getattr__(name: str):
 
     return getattr(import_module(f"{__name__}.{_FRONT[name]}"), name)
 
-_BASE = frozenset({"errors", "sizes", "dtypes", "versions"})
+_BASE = frozenset({"errors", "sizes", "dtypes", "versions", "records"})
 
 LAYERS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "sizes": frozenset({"errors"}),
     "dtypes": frozenset(),
-    "versions": frozenset(),
+    "records": frozenset({"errors"}),
+    "versions": frozenset({"records"}),
     "kernels": frozenset({"errors"}),
     "budget": frozenset({"errors", "sizes"}),
     "checkpoint": _BASE,
@@ -82,7 +87,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "targets": _BASE | {"budget", "kernels", "checkpoint", "numerics", "plan"},
     "pipeline": _BASE | {"budget", "files", "plan"},
     "distributed": _BASE,
-    "options": _BASE | {"budget", "kernels", "targets"},
+    "options": _BASE | {"budget", "distributed", "files", "kernels", "publish", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files", "targets"},
     "publish": _BASE | {"files"},

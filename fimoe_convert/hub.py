@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .files.output.manifest import MANIFEST_NAME, Manifest
+from .files.names import MANIFEST_NAME
+from .records import Manifest
 from .targets.families import family
 
 LIBRARY_NAME = "fimoe-convert"

@@ -18,8 +18,8 @@ import torch
 
 from .. import versions
 from ..errors import InputError, format_problems
-from ..files.output.manifest import Manifest, TargetRecord
 from ..kernels import BY_NAME, suggested, vllm_backends
+from ..records import Manifest, TargetRecord
 from ..targets.families import Family, config_class, family, kernel_config as build_kernel_config
 from .loader import as_manifest, load_transformed_weights
 
