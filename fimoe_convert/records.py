@@ -176,7 +176,8 @@ def _kind(tp, metas: tuple) -> Kind:
     if origin in (tuple, list):
         return _LIST
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return Kind("one of " + ", ".join(repr(m.value) for m in tp), lambda v: v in {m.value for m in tp})
+        values = tuple(m.value for m in tp)  # a tuple: an unhashable value (a list) is compared, not hashed
+        return Kind("one of " + ", ".join(map(repr, values)), lambda v: type(v) is type(values[0]) and v in values)
     if tp is Any:
         return Kind("a JSON value", lambda v: True)
     raise TypeError(f"records: no JSON kind for {tp!r}")

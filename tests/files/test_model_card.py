@@ -94,7 +94,7 @@ def test_bf16_card(bf16_out):
     exec(python_block(card.text, bf16_out), scope)
     assert scope["w1"].dtype == torch.bfloat16 and tuple(scope["w1"].shape) == (128, 256)
     # The card is listed in the manifest, so verify covers it.
-    assert "README.md" in m["files"] and verify(str(bf16_out))["problems"] == []
+    assert "README.md" in m["files"] and verify(str(bf16_out)).problems == []
 
 
 def test_megamoe_card(mm_out, tiny_ckpt):

@@ -328,7 +328,7 @@ def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  #
     # 4MB: the tiny fixture's 9.5 MB of BF16 output in 3 shards
     out = tmp_path / "out"
     res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo="fimoe-test/tiny-bf16")
-    assert res.upload["url"] == f"{hub.url}/fimoe-test/tiny-bf16" and res.upload["files"] == 10
+    assert res.upload.url == f"{hub.url}/fimoe-test/tiny-bf16" and res.upload.files == 10
     assert arrived(hub, "fimoe-test/tiny-bf16") == expected_files(out)
     assert hashlib.sha256((out / "fimoe-manifest.json").read_bytes()).hexdigest() == hashlib.sha256(
         arrived(hub, "fimoe-test/tiny-bf16")["fimoe-manifest.json"]).hexdigest()
