@@ -326,7 +326,7 @@ def test_dry_run_lists_files_and_bytes_and_sends_nothing(out_copy, hub):
     assert {f.file: f.bytes for f in r.list} == {k: len(v) for k, v in want.items()}
     assert r.bytes == sum(len(v) for v in want.values()) and r.files == len(want)
     assert r.not_uploaded == ["notes.txt"] and r.token_found is True
-    assert TOKEN not in json.dumps(r)
+    assert TOKEN not in json.dumps(r.to_json())
     assert hub.requests == []
 
     res = CliRunner().invoke(main, ["upload", str(out_copy), REPO, "--dry-run"])
@@ -404,7 +404,7 @@ def test_upload_sends_exactly_the_manifest_files_with_the_configured_token(out_c
     assert api and all(q["auth"] == f"Bearer {TOKEN}" for q in api)
     assert all(q["auth"] is None for q in hub.requests if q["path"].startswith("/lfs-storage/"))
     out, err = capfd.readouterr()
-    assert TOKEN not in out + err + caplog.text + json.dumps(r)
+    assert TOKEN not in out + err + caplog.text + json.dumps(r.to_json())
 
 
 def test_private_repo_on_a_new_branch(out_copy, hub):
