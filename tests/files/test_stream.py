@@ -363,7 +363,7 @@ def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, 
     res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
     assert res.shards_kept == len(kept)
     assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
-    assert verify(str(out))["problems"] == []
+    assert verify(str(out)).problems == []
     streamed = {s for s in SHARDS if f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)}
     assert late in streamed and streamed < set(SHARDS), streamed
 
