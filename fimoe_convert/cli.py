@@ -319,11 +319,11 @@ def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
 
 
 def _checkpoint_text(r: CheckpointInfo) -> str:
-    m = r.model  # the checkpoint's geometry (ModelSpec.to_json)
-    lines = [f"{r.source}: {r.variant}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
-             f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
-             f"{m['n_routed_experts']} experts top-{m['num_experts_per_tok']}, {m['num_hidden_layers']} layers "
-             f"+ {m['num_nextn_predict_layers']} MTP, {m['num_hash_layers']} hash layers",
+    m = r.model
+    lines = [f"{r.source}: {r.variant}: {m.model_type} ({m.dialect}), experts {m.expert_dtype}, "
+             f"hidden {m.hidden_size}, moe_intermediate {m.moe_intermediate_size}, "
+             f"{m.n_routed_experts} experts top-{m.num_experts_per_tok}, {m.num_hidden_layers} layers "
+             f"+ {m.num_nextn_predict_layers} MTP, {m.num_hash_layers} hash layers",
              f"{plural(r.shards, 'shard')}, {plural(r.tensors, 'tensor')}, {human(r.bytes)} "
              f"({human(r.routed_expert_bytes)} routed experts)"
              + (f"; {plural(r.headers_from_hub, 'shard header')} read from the Hub, no weights downloaded"
@@ -346,8 +346,8 @@ def _converted_text(r: OutputInfo) -> str:
         + f", EP size {r.ep_size}, {'complete' if r.complete else 'NOT complete (run with --resume)'}",
         f"converted from {repo or spec}" + (f" at {revision}" if revision else "")
         + f" by fimoe-convert {line(r.tool.version)}: {plural(r.files, 'file')}, {human(r.bytes)}",
-        f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
-        f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",
+        f"model: {line(m.model_type)}, hidden {m.hidden_size}, moe_intermediate {m.moe_intermediate_size}, "
+        f"{m.n_routed_experts} experts, {m.moe_blocks} MoE blocks",
         f"loads in: {BY_NAME[t.name].engines if t.name in BY_NAME else 'see its README.md'}",
         f"compute capabilities: {', '.join(map(line, t.capabilities)) or 'any'}; check it with "
         f"`fimoe-convert verify {r.source}`"])

@@ -36,7 +36,7 @@ def inspect(src: str, *, revision: str | None = None, offline: bool = False, ep_
     opts = TargetOptions(ep_size=ep_size, arch=parse_arch(arch), device=None)
     fits = {k.name: validate(k, model, opts) or "fits" for k in KERNELS}
     return CheckpointInfo(source=source.spec, root=str(source.root), revision=source.revision,
-                          variant=variant_name(model, source.config), model=model.to_json(),
+                          variant=variant_name(model, source.config), model=model.geometry(),
                           shards=len(source.headers), tensors=len(source.weight_map), bytes=source.total_bytes,
                           routed_expert_bytes=expert_bytes, tensor_classes=dict(sorted(classes.items())),
                           files=source.input_files(), headers_from_hub=len(source.remote), targets=fits)

@@ -46,13 +46,6 @@ _SCALARS = {str: _STR, int: _INT, bool: _BOOL}
 
 
 @dataclass(frozen=True)
-class Shape:
-    """Annotated[dict, Shape(R)]: an object kept as it is, whose keys that R has are read as R reads them."""
-
-    record: type
-
-
-@dataclass(frozen=True)
 class With:
     """Annotated[R, With(name=type)]: R read with those of its fields typed otherwise (a stricter use of it)."""
 
@@ -115,10 +108,6 @@ class Reader:
         if not kind.test(value):
             raise self.wrong(path, shown(value), kind.expected + (" or null" if nullable else ""))
         origin = typing.get_origin(tp)
-        shape = next((m for m in metas if isinstance(m, Shape)), None)
-        if shape is not None:
-            self.record(shape.record, value, path, extra=True)
-            return value
         if is_dataclass(tp):
             overrides = next((m.types for m in metas if isinstance(m, With)), {})
             return self.record(tp, value, path, overrides=overrides)
@@ -134,11 +123,10 @@ class Reader:
             return tp(value)
         return value
 
-    def record(self, cls: type, value: dict, path: str, *, overrides: dict | None = None, extra: bool | None = None):
+    def record(self, cls: type, value: dict, path: str, *, overrides: dict | None = None):
         """The record `cls` from the object `value` (its type checked by the caller)."""
-        extra = cls.EXTRA if extra is None else extra
         spec = _fields(cls)
-        if not extra:
+        if not cls.EXTRA:
             unknown = [k for k in value if k not in spec.keys]
             if unknown:
                 raise self.wrong(sub(path, unknown[0]), f"{shown(value[unknown[0]])}, a key it does not have",
@@ -343,26 +331,36 @@ class Tool(Record):
 
 
 @dataclass(frozen=True)
-class ModelGeometry(Record):
-    """The fields of the manifest's `model` (the checkpoint's geometry, ModelSpec.to_json) the code relies on."""
+class Geometry(Record):
+    """A checkpoint's geometry (checkpoint.ModelSpec's fields, and its count of MoE blocks): the manifest's `model`,
+    and what `inspect` says of a checkpoint."""
 
+    model_type: str
+    dialect: str
     hidden_size: Count
     moe_intermediate_size: Count
     n_routed_experts: Count
     num_experts_per_tok: Count
+    num_hidden_layers: Count
+    num_hash_layers: Count
+    num_nextn_predict_layers: Count
+    first_k_dense_replace: Count
+    expert_dtype: str
+    weight_block_size: tuple[int, ...]
+    architectures: tuple[str, ...]
     moe_blocks: Count
 
 
 @dataclass(kw_only=True)
 class Manifest(Record):
-    """OUT's manifest. `model` is the checkpoint's geometry (ModelSpec.to_json); `layers` what the runtime needs to
+    """OUT's manifest. `model` is the checkpoint's geometry; `layers` what the runtime needs to
     rebuild each block's objects ({block: {rank: record}}, the target's); `complete` None: a manifest without the
     field (the conversion did not finish); `out_dir` where it was read from (not written). Fields in the order
     they are read (the first problem is the one reported)."""
 
     schema: str = SCHEMA
     tool: Tool
-    model: Annotated[dict, Shape(ModelGeometry)]
+    model: Geometry
     options: Options
     source: SourceRecord
     target: TargetRecord
@@ -537,7 +535,7 @@ class CheckpointInfo(Record):
     root: str
     revision: str | None
     variant: str
-    model: dict
+    model: Geometry
     shards: int
     tensors: int
     bytes: int
@@ -564,7 +562,7 @@ class OutputInfo(Record):
     complete: bool
     target: TargetRecord
     ep_size: int
-    model: dict
+    model: Geometry
     origin: Origin = field(metadata=key("from"))
     tool: Tool
     files: int

@@ -123,7 +123,7 @@ def first_manifest(source: Source, converter, options: Options, plan: Plan, kept
     files = {rel: FileRecord(**{**vars(source.identities[rel]),
                                 "sha256": carried.get(rel) or source.known_sha256(rel)})
              for rel in source.input_files()}
-    return Manifest(tool=versions.tool(), options=options, model=source.model.to_json(),
+    return Manifest(tool=versions.tool(), options=options, model=source.model.geometry(),
                     source=SourceRecord(spec=source.spec, repo_id=source.repo_id, revision=source.revision,
                                         files=files),
                     target=converter.record(), ep=converter.ep_record(),

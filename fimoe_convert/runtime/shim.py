@@ -255,7 +255,7 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
             f"config class {BY_NAME[t.name].config_class}; install the flashinfer-python version the output was "
             "converted with (fimoe-manifest.json, tool.flashinfer)"])
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    sizes = m.model["moe_intermediate_size"], m.model["num_experts_per_tok"]
+    sizes = m.model.moe_intermediate_size, m.model.num_experts_per_tok
     geometry = {"intermediate_size": sizes[0], "top_k": sizes[1]}
     problems = []
     for key, value in kernel_options.items():

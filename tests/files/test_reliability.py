@@ -579,8 +579,8 @@ def test_verify_detects_single_byte_flips(tmp_path):
 def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, threads):
     """The manifest's source hashes run on several threads; a file that cannot be read then is reported by
     name, not as a bare OSError."""
-    from fimoe_convert.resume import hash_inputs
     from fimoe_convert.files.sources.local import open_source
+    from fimoe_convert.resume import hash_inputs
 
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)

@@ -91,7 +91,7 @@ def test_manifest_records_everything(tiny_ckpt, bf16_out):
     m = read_manifest(bf16_out, require_complete=True)
     assert m.schema == "fimoe-manifest/1" and m.complete is True
     assert m.tool.name == "fimoe-convert" and m.tool.torch
-    assert m.model["hidden_size"] == 256 and m.model["moe_blocks"] == 4
+    assert m.model.hidden_size == 256 and m.model.moe_blocks == 4
     assert m.target.name == "bf16"
     src_files = {p.name for p in tiny_ckpt.iterdir()}
     assert set(m.source.files) == src_files
