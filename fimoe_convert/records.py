@@ -45,14 +45,11 @@ _LIST = Kind("a list", lambda v: isinstance(v, list))
 _SCALARS = {str: _STR, int: _INT, bool: _BOOL}
 
 
-@dataclass(frozen=True)
 class With:
     """Annotated[R, With(name=type)]: R read with those of its fields typed otherwise (a stricter use of it)."""
 
-    types: dict
-
-    def __init__(self, **kinds):
-        object.__setattr__(self, "types", kinds)
+    def __init__(self, **types):
+        self.types = types
 
 
 def key(name: str, **meta) -> dict:
@@ -126,7 +123,7 @@ class Reader:
     def record(self, cls: type, value: dict, path: str, *, overrides: dict | None = None):
         """The record `cls` from the object `value` (its type checked by the caller)."""
         spec = _fields(cls)
-        if not cls.EXTRA:
+        if not getattr(cls, "EXTRA", False):
             unknown = [k for k in value if k not in spec.keys]
             if unknown:
                 raise self.wrong(sub(path, unknown[0]), f"{shown(value[unknown[0]])}, a key it does not have",
@@ -166,8 +163,6 @@ def _kind(tp, metas: tuple) -> Kind:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         values = tuple(m.value for m in tp)  # a tuple: an unhashable value (a list) is compared, not hashed
         return Kind("one of " + ", ".join(map(repr, values)), lambda v: type(v) is type(values[0]) and v in values)
-    if tp is Any:
-        return Kind("a JSON value", lambda v: True)
     raise TypeError(f"records: no JSON kind for {tp!r}")
 
 
