@@ -6,12 +6,12 @@ Where each job lives:
 
     cli.py             the commands: parse flags, call the library, print (one error handler)
     conversion.py      convert(): the list of steps of a conversion
-      options.py         its flags, parsed and checked before SRC is opened
+      options.py         its flags, parsed and checked before SRC is opened; its keywords as one Request
       budget.py          the one memory budget from --max-memory: unit size, unit check, writer lanes
-      resume.py          what an earlier run into OUT left (--resume)
+      resume.py          what an earlier run into OUT left (--resume); the first manifest, the inputs' hashes
       distributed.py     the ranks of a torchrun launch
       pipeline/          moving bytes: channels, the schedule of a shard (pure), reader/converter threads,
-                         writer lanes
+                         writer lanes, each finished shard recorded (manifest or rank status file)
     verification.py    verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
     eta.py             the --dry-run estimate, from one unit of the target's own work, measured
@@ -49,7 +49,8 @@ files):
     targets, runtime -> kernels (data)
     budget (memory constants) <- files, pipeline, options, targets, conversion
     records (pure; imports errors only) <- versions and every layer above
-    conversion -> publish (--upload-repo publishes OUT at the end)
+    conversion -> publish (--upload-repo publishes OUT at the end); options -> files, distributed, publish (the
+    checks of --stream and --upload-repo)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
