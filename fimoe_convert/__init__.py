@@ -6,9 +6,9 @@ Where each job lives:
 
     cli.py             the commands: parse flags, call the library, print (one error handler)
     conversion.py      convert(): the list of steps of a conversion
-      options.py         its flags, parsed and checked before SRC is opened
+      options.py         its flags, parsed and checked before SRC is opened; its keywords as one Request
       budget.py          the one memory budget from --max-memory: unit size, unit check, writer lanes
-      resume.py          what an earlier run into OUT left (--resume)
+      resume.py          what an earlier run into OUT left (--resume); the first manifest, the inputs' hashes
       distributed.py     the ranks of a torchrun launch
       pipeline/          moving bytes: channels, the schedule of a shard and the reads of --stream (pure),
                          reader/converter threads, writer lanes
@@ -35,6 +35,9 @@ Where each job lives:
     configs/           the presets (--config NAME): TOML data, the repository's top-level configs/ folder
     runtime/           the shim that loads an output into FlashInfer with no load-time transform
     testing/           real-format tiny checkpoints for tests, the demo and benchmarks; a transformers model
+    records.py         every record written or returned, typed once (pure): the manifest and its parts, the one
+                       file record, the index and status files, the results of convert, verify, inspect, upload
+                       and targets; one strict reader and one writer derived from the fields
     errors.py, sizes.py, dtypes.py, versions.py   error types, byte sizes, dtype table, installed versions
 
 Imports go one way (tests/cli/test_layering.py enforces LAYERS below and that only `files/` and `testing` touch
@@ -46,7 +49,9 @@ files):
     runtime -> files, numerics, kernels, targets (families.py)     hub, cli -> targets (families.py)
     targets, runtime -> kernels (data)
     budget (memory constants) <- files, pipeline, options, targets, conversion
-    conversion -> publish (--upload-repo publishes OUT at the end)
+    records (pure; imports errors only) <- versions and every layer above
+    conversion -> publish (--upload-repo publishes OUT at the end); options -> files, distributed, publish (the
+    checks of --stream and --upload-repo)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
@@ -67,13 +72,14 @@ def __getattr__(name: str):
 
     return getattr(import_module(f"{__name__}.{_FRONT[name]}"), name)
 
-_BASE = frozenset({"errors", "sizes", "dtypes", "versions"})
+_BASE = frozenset({"errors", "sizes", "dtypes", "versions", "records"})
 
 LAYERS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "sizes": frozenset({"errors"}),
     "dtypes": frozenset(),
-    "versions": frozenset(),
+    "records": frozenset({"errors"}),
+    "versions": frozenset({"records"}),
     "kernels": frozenset({"errors"}),
     "budget": frozenset({"errors", "sizes"}),
     "checkpoint": _BASE,
@@ -83,7 +89,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "targets": _BASE | {"budget", "kernels", "checkpoint", "numerics", "plan"},
     "pipeline": _BASE | {"budget", "files", "plan"},
     "distributed": _BASE,
-    "options": _BASE | {"budget", "kernels", "targets"},
+    "options": _BASE | {"budget", "distributed", "files", "kernels", "publish", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
     "hub": _BASE | {"files", "targets"},
     "publish": _BASE | {"files"},

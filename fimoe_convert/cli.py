@@ -24,6 +24,7 @@ from .console import Interrupted, Progress, is_rank0, plural, setup_logging, sig
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
+from .records import CheckpointInfo, OutputInfo, to_json
 from .sizes import human
 
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
@@ -133,7 +134,7 @@ class TargetName(click.ParamType):
 
 def _emit(obj, as_json: bool, text: str) -> None:
     # Text: control characters but the line breaks escaped (a name read from a file sends no escape sequence).
-    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str) if as_json else
+    click.echo(json.dumps(to_json(obj), indent=1, sort_keys=True, default=str) if as_json else
                "\n".join(one_line(line) for line in text.split("\n")))
 
 
@@ -242,7 +243,7 @@ def convert_cmd(src, out, params, config, as_json, verbose, quiet, **flags):
         progress.close()
     gc.freeze()  # the ~190k objects of torch's import out of the collector's passes: at exit they took 1.5-2 s
     if (not quiet or as_json) and is_rank0():  # under torchrun, rank 0 speaks for all
-        _emit(res.to_json(), as_json, _dry_run_text(res) if res.dry_run else _summary(res))
+        _emit(res, as_json, _dry_run_text(res) if res.dry_run else _summary(res))
 
 
 def _preset_params(ctx: click.Context, target: str) -> dict:
@@ -283,7 +284,7 @@ def _summary(res) -> str:
     text = (f"converted to {res.target} on {res.device}: {plural(res.shards, 'shard')} ({res.shards_kept} kept), "
             f"read {human(res.bytes_read)}, wrote {human(res.bytes_written)} in {res.seconds:.1f} s -> {res.out}")
     if res.upload:
-        text += f"\nuploaded {plural(res.upload['files'], 'file')}, {res.upload['human']} -> {res.upload['url']}"
+        text += f"\nuploaded {plural(res.upload.files, 'file')}, {res.upload.human} -> {res.upload.url}"
     from .targets.families import family
 
     line = family(BY_NAME[res.target]).report_line(res.report)
@@ -296,9 +297,8 @@ def _skipped(res) -> str:
 
 
 def _dry_run_text(res) -> str:
-    rows = "\n".join(f"  {r['file']}  rank {'-' if r['rank'] is None else r['rank']}  "
-                     f"{plural(r['tensors'], 'tensor')}  "
-                     f"{human(r['bytes'])}{'  (kept)' if r['kept'] else ''}" for r in res.plan)
+    rows = "\n".join(f"  {r.file}  rank {'-' if r.rank is None else r.rank}  {plural(r.tensors, 'tensor')}  "
+                     f"{human(r.bytes)}{'  (kept)' if r.kept else ''}" for r in res.plan)
     enough = "" if res.free_disk >= res.bytes_written else "  (NOT ENOUGH)"
     return (f"plan for --target {res.target} on {res.device}: {plural(res.shards, 'shard')}\n{rows}\n"
             f"read {human(res.bytes_read)}, write {human(res.bytes_written)}, "
@@ -318,42 +318,42 @@ def inspect_cmd(src, revision, offline, ep_size, arch, as_json):
     from .inspection import inspect
 
     r = inspect(src, revision=revision, offline=offline, ep_size=ep_size, arch=arch)
-    _emit(r, as_json, _converted_text(r) if r.get("converted") else _checkpoint_text(r))
+    _emit(r, as_json, _converted_text(r) if isinstance(r, OutputInfo) else _checkpoint_text(r))
 
 
-def _checkpoint_text(r: dict) -> str:
-    m = r["model"]
-    lines = [f"{r['source']}: {r['variant']}: {m['model_type']} ({m['dialect']}), experts {m['expert_dtype']}, "
-             f"hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
-             f"{m['n_routed_experts']} experts top-{m['num_experts_per_tok']}, {m['num_hidden_layers']} layers "
-             f"+ {m['num_nextn_predict_layers']} MTP, {m['num_hash_layers']} hash layers",
-             f"{plural(r['shards'], 'shard')}, {plural(r['tensors'], 'tensor')}, {human(r['bytes'])} "
-             f"({human(r['routed_expert_bytes'])} routed experts)"
-             + (f"; {plural(r['headers_from_hub'], 'shard header')} read from the Hub, no weights downloaded"
-                if r.get("headers_from_hub") else "")]
-    lines += [f"  {k}: {v}" for k, v in r["tensor_classes"].items()]
+def _checkpoint_text(r: CheckpointInfo) -> str:
+    m = r.model
+    lines = [f"{r.source}: {r.variant}: {m.model_type} ({m.dialect}), experts {m.expert_dtype}, "
+             f"hidden {m.hidden_size}, moe_intermediate {m.moe_intermediate_size}, "
+             f"{m.n_routed_experts} experts top-{m.num_experts_per_tok}, {m.num_hidden_layers} layers "
+             f"+ {m.num_nextn_predict_layers} MTP, {m.num_hash_layers} hash layers",
+             f"{plural(r.shards, 'shard')}, {plural(r.tensors, 'tensor')}, {human(r.bytes)} "
+             f"({human(r.routed_expert_bytes)} routed experts)"
+             + (f"; {plural(r.headers_from_hub, 'shard header')} read from the Hub, no weights downloaded"
+                if r.headers_from_hub else "")]
+    lines += [f"  {k}: {v}" for k, v in r.tensor_classes.items()]
     lines.append("targets:")
-    for name, fit in r["targets"].items():
+    for name, fit in r.targets.items():
         lines.append(f"  {name}: " + (fit if fit == "fits" else "no: " + "; ".join(fit)))
     return "\n".join(lines)
 
 
-def _converted_text(r: dict) -> str:
-    m, t, origin = r["model"], r["target"], r["from"]
-    origin = {k: one_line(v) if isinstance(v, str) else v for k, v in origin.items()}  # from a manifest: one line each
-    t = {k: one_line(v) if isinstance(v, str) else v for k, v in t.items()}
+def _converted_text(r: OutputInfo) -> str:
+    m, t, origin = r.model, r.target, r.origin
+    line = (lambda v: one_line(v) if isinstance(v, str) else v)  # read from a manifest: one line each
+    repo, spec, revision, name, kernel = map(line, (origin.repo_id, origin.spec, origin.revision, t.name,
+                                                    t.kernel_name))
     return "\n".join([
-        f"{r['source']}: a fimoe-convert output for --target {t['name']}"
-        + (f" (FlashInfer kernel {t['kernel_name']})" if t.get("kernel_name") else "")
-        + f", EP size {r['ep_size']}, {'complete' if r['complete'] else 'NOT complete (run with --resume)'}",
-        f"converted from {origin['repo_id'] or origin['spec']}"
-        + (f" at {origin['revision']}" if origin.get("revision") else "")
-        + f" by fimoe-convert {r['tool']['version']}: {plural(r['files'], 'file')}, {human(r['bytes'])}",
-        f"model: {m['model_type']}, hidden {m['hidden_size']}, moe_intermediate {m['moe_intermediate_size']}, "
-        f"{m['n_routed_experts']} experts, {m['moe_blocks']} MoE blocks",
-        f"loads in: {BY_NAME[t['name']].engines if t['name'] in BY_NAME else 'see its README.md'}",
-        f"compute capabilities: {', '.join(t.get('capabilities') or []) or 'any'}; check it with "
-        f"`fimoe-convert verify {r['source']}`"])
+        f"{r.source}: a fimoe-convert output for --target {name}"
+        + (f" (FlashInfer kernel {kernel})" if kernel else "")
+        + f", EP size {r.ep_size}, {'complete' if r.complete else 'NOT complete (run with --resume)'}",
+        f"converted from {repo or spec}" + (f" at {revision}" if revision else "")
+        + f" by fimoe-convert {line(r.tool.version)}: {plural(r.files, 'file')}, {human(r.bytes)}",
+        f"model: {line(m.model_type)}, hidden {m.hidden_size}, moe_intermediate {m.moe_intermediate_size}, "
+        f"{m.n_routed_experts} experts, {m.moe_blocks} MoE blocks",
+        f"loads in: {BY_NAME[t.name].engines if t.name in BY_NAME else 'see its README.md'}",
+        f"compute capabilities: {', '.join(map(line, t.capabilities)) or 'any'}; check it with "
+        f"`fimoe-convert verify {r.source}`"])
 
 
 @main.command("targets")
@@ -366,19 +366,19 @@ def targets_cmd(as_json):
     _emit(rows, as_json, "\n".join(targets_lines(rows)))
 
 
-def targets_lines(rows: list[dict], here: bool = True) -> list[str]:
+def targets_lines(rows: list, here: bool = True) -> list[str]:
     """`targets`' text: the table, the GPUs' suggestions and the presets; here=False leaves out the `here` column
     and its reasons, what depends on the machine (docs/TARGETS.md shows that table)."""
     lines = [f"{'target':34} {'arch':10} {'weights':9} {'nvshmem':7} " + (f"{'here':4} " if here else "") + "notes"]
     for r in rows:
-        notes = [r["why"] if here and not r["available_here"] else "",
-                 f"aliases: {', '.join(r['aliases'])}" if r["aliases"] else ""]
-        lines.append(f"{r['name']:34} {','.join(r['capabilities']) or 'any':10} {r['weight_format'].split()[0]:9} "
-                     f"{'yes' if r['needs_nvshmem'] else 'no':7} "
-                     + (f"{'yes' if r['available_here'] else 'no':4} " if here else "")
+        notes = [r.why if here and not r.available_here else "",
+                 f"aliases: {', '.join(r.aliases)}" if r.aliases else ""]
+        lines.append(f"{r.name:34} {','.join(r.capabilities) or 'any':10} {r.weight_format.split()[0]:9} "
+                     f"{'yes' if r.needs_nvshmem else 'no':7} "
+                     + (f"{'yes' if r.available_here else 'no':4} " if here else "")
                      + " ".join(n for n in notes if n))
-        lines.append(f"{'':34} loads in: {r['engines']}")
-        params = BY_NAME[r["name"]].params
+        lines.append(f"{'':34} loads in: {r.engines}")
+        params = BY_NAME[r.name].params
         if params:
             lines.append(f"{'':34} params: " + "; ".join(f"--param {k}={'|'.join(v)} (default {v[0]})"
                                                            for k, v in params.items()))
@@ -416,14 +416,14 @@ def verify_cmd(out, deep, src, as_json):
         r = verify(out, deep=deep, src=src, progress=progress)
     finally:
         progress.close()
-    if r["problems"]:
+    if r.problems:
         if as_json:
             _emit(r, True, "")
         else:
-            click.echo(f"error: {one_line(r['problems'][0])}", err=True)
+            click.echo(f"error: {one_line(r.problems[0])}", err=True)
         sys.exit(1)
-    _emit(r, as_json, f"ok: {plural(r['files'], 'file')}, {human(r['bytes'])} match the manifest"
-          + (f"; {plural(r['deep_checked'], 'unit')} re-derived from the source match" if deep else ""))
+    _emit(r, as_json, f"ok: {plural(r.files, 'file')}, {human(r.bytes)} match the manifest"
+          + (f"; {plural(r.deep_checked, 'unit')} re-derived from the source match" if deep else ""))
 
 
 @main.command("upload")
@@ -447,16 +447,16 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
         r = upload(out, repo_id, private=private, revision=revision, dry_run=dry_run, progress=progress)
     finally:
         progress.close()
-    where = f"{repo_id}@{r['revision']}"
+    where = f"{repo_id}@{r.revision}"
     if dry_run:
-        text = "\n".join([f"would upload {plural(r['files'], 'file')}, {r['human']} ({r['bytes']} bytes) to {where}"
+        text = "\n".join([f"would upload {plural(r.files, 'file')}, {r.human} ({r.bytes} bytes) to {where}"
                           + (" (private)" if private else ""),
-                          *[f"  {one_line(f['file'])}  {f['bytes']} bytes ({human(f['bytes'])})" for f in r["list"]],
-                          *[f"  not uploaded (not in the manifest): {one_line(f)}" for f in r["not_uploaded"]],
-                          "token: " + ("found (not shown)" if r["token_found"] else
+                          *[f"  {one_line(f.file)}  {f.bytes} bytes ({human(f.bytes)})" for f in r.list],
+                          *[f"  not uploaded (not in the manifest): {one_line(f)}" for f in r.not_uploaded],
+                          "token: " + ("found (not shown)" if r.token_found else
                                        "none found: set HF_TOKEN or run `hf auth login` before uploading")])
     else:
-        text = f"uploaded {plural(r['files'], 'file')}, {r['human']} to {where}: {r['url']} (commit {r['commit']})"
+        text = f"uploaded {plural(r.files, 'file')}, {r.human} to {where}: {r.url} (commit {r.commit})"
     _emit(r, as_json, text)
 
 

@@ -14,83 +14,32 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, eta, resume as resuming, versions
-from .budget import MemoryBudget
-from .checkpoint import variant_name
+from . import eta, resume as resuming
+from .checkpoint import check_preset_model
 from .console import signals_deferred
-from .distributed import Group, world_size
-from .errors import InputError, UsageError, ValidationError
-from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
+from .distributed import Group
+from .errors import InputError, ValidationError
+from .files.hashing import CORES_PER_INPUT_HASH, hash_threads
 from .files.names import INDEX_NAME
 from .files.output.atomic import remove_own_temporaries
 from .files.output.folder import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.output.lock import OutLock
-from .files.output.manifest import (
-    EpRecord,
-    FileRecord,
-    LiveManifest,
-    Manifest,
-    Options,
-    SourceFile,
-    SourceRecord,
-    TargetRecord,
-    Tool,
-    remove_rank_status,
-    write_manifest,
-    write_rank_status,
-)
+from .files.output.manifest import LiveManifest, remove_rank_status, write_manifest
 from .files.output.space import reclaimable_bytes
 from .files.sources.hub import check_source
 from .files.sources.local import Source, open_source
-from .files.sources.stream import (
-    CONNECTIONS,
-    StreamedSource,
-    check_stream_flags,
-    end_early,
-    open_streamed,
-    stream_early,
-)
+from .files.sources.stream import StreamedSource, end_early, open_streamed, stream_early
 from .hub import model_card
-from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, check_flags
-from .pipeline.reads import shard_inputs, source_reads
-from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
+from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, Request, check_flags
+from .pipeline.reads import source_reads
+from .plan import OutShard, OutTensor, Plan, assign_shards, merge_outputs, plan_shards
+from .records import ConvertResult, IndexMetadata, Manifest, OutIndex, PlanRow, Status
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
 log = logging.getLogger("fimoe_convert")
-
-
-@dataclass
-class ConvertResult:
-    out: str
-    target: str
-    device: str
-    shards: int
-    shards_kept: int
-    bytes_read: int
-    bytes_written: int
-    seconds: float
-    dry_run: bool = False
-    free_disk: int | None = None
-    plan: list[dict] = field(default_factory=list)
-    report: dict = field(default_factory=dict)
-    device_peak_bytes: int | None = None  # on CUDA: the most device memory allocated at once
-    estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
-    # SRC's files named like the tool's own (fimoe-manifest.json, ...): neither read nor copied into OUT
-    skipped: list[str] = field(default_factory=list)
-    # Seconds: `start` until the first shard (imports excluded), then per stage, summed over --writers lanes:
-    # `read` (source into host memory), `convert` (the target's transform), `wait_for_data` (the writer idle,
-    # including `wait_for_device`: its wait for device-to-host copies), `write` (copy into write buffers,
-    # disk, fsync).
-    timings: dict = field(default_factory=dict)
-    bytes_fetched: int | None = None  # --stream: bytes received from the Hub (re-reads included)
-    upload: dict | None = None  # --upload-repo: what `upload` returned
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = None, ep_size: int = 1,
@@ -108,111 +57,97 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
-    (files/sources/stream.py), with `connections` ranged GETs at once (default stream.CONNECTIONS);
-    `upload_repo`: publish the finished, verified OUT there at the end (`upload`); `model`: the DeepSeek V4
-    variant a preset (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before it
-    starts (the --dry-run's sample timing)."""
+    (files/sources/stream.py), `connections` ranged GETs at once (default stream.CONNECTIONS); `upload_repo`:
+    publish the finished, verified OUT there at the end (`upload`); `model`: the DeepSeek V4 variant a preset
+    (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before it starts (the --dry-run's
+    sample timing)."""
     # 1. What needs neither torch nor SRC's files, in a fraction of a second: the flags, and SRC's name (a folder,
     # or a repo the Hub has).
     flags = check_flags(target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size,
                         params=params, resume=resume, overwrite=overwrite, writers=writers)
-    _check_stream_and_upload(src, offline, revision, stream, upload_repo)
-    connections = _check_connections(connections, stream)
+    req = Request(src, Path(out).expanduser(), flags, device=device, allow_lossy=allow_lossy, revision=revision,
+                  resume=resume, overwrite=overwrite, dry_run=dry_run, offline=offline, stream=stream,
+                  upload_repo=upload_repo, model=model, config=config, command=command, progress=progress,
+                  check_progress=check_progress, notice=notice, connections=connections)
     check_source(src, revision, offline)
     early = stream and not (dry_run or resume)
     if early:  # the shards flow while torch is imported (seconds); the conversion takes the streams over
-        stream_early(src, revision, flags.memory.stream_bytes, connections)
+        stream_early(src, revision, flags.memory.stream_bytes, req.connections)
     try:
         with signals_deferred():  # a stop inside torch's C++ initialization would abort the process: held to its end
             import torch  # noqa: F401
         t0 = time.perf_counter()  # the result's seconds and `start` leave the imports out
         opts = ConvertOptions.parse(flags, device=device, allow_lossy=allow_lossy)
         _mark("options")
-        return _convert(src, Path(out).expanduser(), opts, t0, revision=revision, resume=resume,
-                        overwrite=overwrite, dry_run=dry_run, offline=offline, progress=progress,
-                        check_progress=check_progress, command=command, stream=stream, upload_repo=upload_repo,
-                        model=model, config=config, notice=notice, connections=connections)
+        return _convert(req, opts, t0)
     finally:
         if early:
             end_early()
 
 
-def _convert(src: str, out_dir: Path, opts: ConvertOptions, t0: float, *, revision: str | None, resume: bool,
-             overwrite: bool, dry_run: bool, offline: bool, progress: Callable[[int, int], None] | None,
-             check_progress: Callable[[int, int], None] | None, command: str | None, stream: bool,
-             upload_repo: str | None, model: str | None, config: str | None,
-             notice: Callable[[str], None] | None, connections: int) -> ConvertResult:
+def _convert(req: Request, opts: ConvertOptions, t0: float) -> ConvertResult:
     """convert() once the flags are checked and torch is imported."""
     # 2. SRC (one process per node first under torchrun), the target against the model, OUT: all problems at once.
-    group = Group()
+    group, out_dir = Group(), req.out
     # A dry run needs no weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does).
-    source, converter = _checked(group, lambda: _open(src, revision, offline, stream and not dry_run,
-                                                      not dry_run or resume), opts, out_dir, resume, overwrite)
-    _check_model(model, config, source)
+    source, converter = _checked(group, lambda: _open(req), opts, req)
+    check_preset_model(req.model, req.config, source.model, source.config, source.root)
     _mark("opened")
     # 3. The plan, and the memory its largest unit needs.
     plan = build_plan(source, converter, opts.shard_bytes)
     biggest = _check_memory(plan, opts, source.model.n_routed_experts)
     _mark("planned")
     log.info("plan: %d shard(s), %d unit(s) of work, read %d bytes", len(plan.shards), len(plan.units), plan.read_bytes)
-    with _holding(out_dir, group, active=not dry_run) as on_exit:  # rank 0 locks OUT until the end
+    with _holding(out_dir, group, active=not req.dry_run) as on_exit:  # rank 0 locks OUT until the end
         # 4. What an earlier run into OUT left, if it read the same source files.
         owner = assign_shards(list(plan.shards), group.world)
-        old, carried = resuming.previous_run(out_dir, opts.record(), source, group) if resume else (None, {})
-        kept = resuming.kept_shards(out_dir, old, plan, owner, group, check_progress)
+        old, carried = resuming.previous_run(out_dir, opts.record(), source, group) if req.resume else (None, {})
+        kept = resuming.kept_shards(out_dir, old, plan, owner, group, req.check_progress)
         if old is not None:
             log.info("--resume: %d of %d shards kept", len(kept), len(plan.shards))
         # 5. The plan and the free disk; a dry run ends here, with its estimate.
         todo = [s for s in plan.shards if s.filename not in kept]
-        result = _result(out_dir, source, converter, plan, kept, todo, dry_run, overwrite)
-        if dry_run:
-            result.estimate, result.seconds = eta.estimate(source, converter, plan, notice)[0], time.perf_counter() - t0
+        result = _result(out_dir, source, converter, plan, kept, todo, req)
+        if req.dry_run:
+            result.estimate = eta.estimate(source, converter, plan, req.notice)[0]
+            result.seconds = time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.
-        manifest = _first_write(out_dir, _first_manifest(source, converter, opts, plan, kept, carried), group,
-                                overwrite)
+        first = resuming.first_manifest(source, converter, opts.record(), plan, kept, carried)
+        manifest = _first_write(out_dir, first, group, req.overwrite)
         on_exit.callback(manifest.close)  # a failed run's input hashers may still finish: they write no more
         _mark("manifest")
         # 7. This rank's shards, written by the lanes; rank 0 hashes the inputs beside them.
         todo = [s for s in todo if owner[plan.shards.index(s)] == group.rank]
         result.bytes_written = sum(s.nbytes for s in todo)
         lanes, budget, threads = _sizing(opts, biggest, len(todo), plan.read_bytes, result.bytes_written)
-        hashes = hash_inputs(source, _local_inputs(source) if group.rank == 0 else [], threads, manifest)
+        hashes = resuming.hash_inputs(source, resuming.local_inputs(source) if group.rank == 0 else [], threads,
+                                      manifest)
         on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
-        _start_stream(source, plan, todo, carried, opts.memory, manifest, on_exit, connections)
-        mine = _write_shards(plan, todo, source, converter, out_dir, (lanes, budget), manifest, group, progress, result,
-                             t0)
+        _start_stream(source, plan, todo, carried, opts, manifest, on_exit, req.connections)
+        mine = _write_shards(plan, todo, source, converter, (lanes, budget), manifest, group, req, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         digests = {**hashes.result(), **_streamed_hashes(source, result)}
         manifest.flush()
         manifest.close()
         for part in group.gather(mine):
             manifest.manifest.files.update(part)
-            manifest.manifest.status.update({f: "written" for f in part})
+            manifest.manifest.status.update({f: Status.WRITTEN for f in part})
         if group.rank == 0:
-            _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, command)
+            _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, req.command)
             result.report = manifest.manifest.report
         group.barrier()
     group.close()
-    if upload_repo:
+    if req.upload_repo:
         from .publish import upload
 
-        result.upload = upload(str(out_dir), upload_repo)
+        result.upload = upload(str(out_dir), req.upload_repo)
     return _done(result, opts, t0)
 
 
 def _mark(step: str) -> None:
     """A `-vv` timeline line: where convert()'s start goes."""
     log.debug("timeline %.3f %s", time.perf_counter(), step)
-
-
-def _check_model(model: str | None, config: str | None, source: Source) -> None:
-    """A preset made for another DeepSeek V4 variant than SRC is refused: its flags (EP size, target) fit that one."""
-    found = variant_name(source.model, source.config)
-    if model is not None and model != found:
-        raise InputError(f"--config {config}: made for model {model}, but SRC {source.root} is a {found} checkpoint "
-                         f"(hidden {source.model.hidden_size}, {source.model.n_routed_experts} experts); pick a preset "
-                         f"for {found} (fimoe-convert targets lists them) or give the flags without --config")
 
 
 def _first_write(out_dir: Path, first: Manifest, group: Group, overwrite: bool) -> LiveManifest:
@@ -237,27 +172,22 @@ def _done(result: ConvertResult, opts: ConvertOptions, t0: float) -> ConvertResu
     return result
 
 
-def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, memory: MemoryBudget,
-                  manifest: LiveManifest, on_exit: contextlib.ExitStack, connections: int) -> None:
+def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, opts: ConvertOptions,
+                  manifest: LiveManifest, on_exit: contextlib.ExitStack, connections: int | None) -> None:
     """--stream: start reading the source shards, each hashed as it streams and recorded once verified;
     `memory.stream_bytes` hold tensors that arrive before the lanes ask for them. No-op for another source."""
     if isinstance(source, StreamedSource):
-        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, memory.stream_bytes,
-                     lambda rel, sha: _record_sha(source, manifest, rel, sha), connections)
+        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, opts.memory.stream_bytes,
+                     lambda rel, sha: resuming.record_sha(source, manifest, rel, sha), connections)
         on_exit.push(lambda failed, *_: source.close(failed is not None))
 
 
-def _open(src: str, revision: str | None, offline: bool, stream: bool, weights: bool) -> Source:
-    """SRC: streamed over HTTP for --stream (a real run), otherwise a folder or the Hub cache."""
-    if stream:
-        return open_streamed(src, revision)
-    return open_source(src, revision=revision, offline=offline, weights=weights)
-
-
-def _local_inputs(source: Source) -> list[str]:
-    """The inputs hashed from disk: all of them, but a streamed source's shards (hashed as they stream)."""
-    files = source.input_files()
-    return [f for f in files if f not in source.remote] if isinstance(source, StreamedSource) else files
+def _open(req: Request) -> Source:
+    """SRC: streamed over HTTP for --stream (a real run), otherwise a folder or the Hub cache; a dry run needs no
+    weights: a Hub repo's are not downloaded for it (--resume compares the inputs: it does)."""
+    if req.stream and not req.dry_run:
+        return open_streamed(req.src, req.revision)
+    return open_source(req.src, revision=req.revision, offline=req.offline, weights=not req.dry_run or req.resume)
 
 
 def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
@@ -269,34 +199,7 @@ def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
     return hashes
 
 
-def _check_connections(connections: int | None, stream: bool) -> int:
-    """--connections: a count of at least 1, with --stream only; the default where not given."""
-    if connections is None:
-        return CONNECTIONS
-    if not stream:
-        raise UsageError(f"--connections {connections}: it sets --stream's ranged GETs at once; add --stream or "
-                         "drop --connections")
-    if connections < 1:
-        raise UsageError(f"--connections {connections}: expected at least 1 (default {CONNECTIONS})")
-    return connections
-
-
-def _check_stream_and_upload(src: str, offline: bool, revision: str | None, stream: bool,
-                             upload_repo: str | None) -> None:
-    """--stream and --upload-repo, before SRC is opened: usage errors naming the flag."""
-    if stream:
-        check_stream_flags(src, offline, revision)
-        if (world := world_size()) > 1:
-            raise UsageError(f"--stream: WORLD_SIZE={world}; a streamed conversion runs in one process: "
-                             "drop --stream, or run without torchrun")
-    if upload_repo:
-        from .publish import check_repo_id
-
-        check_repo_id(upload_repo, "--upload-repo")
-
-
-def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, out_dir: Path, resume: bool,
-             overwrite: bool) -> tuple[Source, object]:
+def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, req: Request) -> tuple[Source, object]:
     """(SRC, its converter) once SRC opens, the target fits the model and the options, and OUT may be written; every
     problem of the three at once (ValidationError). Ends when every rank has checked OUT."""
     source, error = group.per_node(opening)
@@ -304,7 +207,7 @@ def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, 
     converter = None
     if source is not None:
         converter = make_target(opts.kernel, source.model, opts.target)
-        problems += check_out([source.root, source.allowed], out_dir, resume, overwrite) + converter.validate()
+        problems += check_out([source.root, source.allowed], req.out, req.resume, req.overwrite) + converter.validate()
     if problems:
         raise ValidationError(problems)
     group.barrier()  # every rank has checked OUT before rank 0 creates it
@@ -312,20 +215,20 @@ def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, 
 
 
 def _result(out_dir: Path, source: Source, converter, plan: Plan, kept: dict, todo: list[OutShard],
-            dry_run: bool, overwrite: bool = False) -> ConvertResult:
+            req: Request) -> ConvertResult:
     """The run's result before any shard is written; for a real run, refused (InputError) when OUT's disk has not
     the room for the shards and copied files, with headroom."""
     disk, free = free_disk(out_dir)
-    if overwrite:  # the earlier conversion is removed first: its bytes are free for this one
+    if req.overwrite:  # the earlier conversion is removed first: its bytes are free for this one
         free += reclaimable_bytes(out_dir)
     result = ConvertResult(out=str(out_dir), target=converter.kernel.name, device=converter.opts.device,
                            shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
-                           seconds=0.0, dry_run=dry_run, free_disk=free, skipped=list(source.skipped),
-                           plan=[{"file": s.filename, "rank": s.rank, "tensors": len(s.tensors), "bytes": s.nbytes,
-                                  "kept": s.filename in kept} for s in plan.shards])
+                           seconds=0.0, dry_run=req.dry_run, free_disk=free, skipped=list(source.skipped),
+                           plan=[PlanRow(s.filename, s.rank, len(s.tensors), s.nbytes, s.filename in kept)
+                                 for s in plan.shards])
     needed = result.bytes_written + sum(source.file_size(r) for r in copied_files(source))
-    if not dry_run and needed * DISK_HEADROOM > free:
+    if not req.dry_run and needed * DISK_HEADROOM > free:
         raise InputError(f"OUT {out_dir}: needs {needed} bytes (shards and copied files), {free} free on {disk}; "
                          "free space or choose another disk")
     return result
@@ -381,13 +284,6 @@ def build_plan(source: Source, target, shard_size: int) -> Plan:
     return Plan(tuple(plan_shards(tensors, shard_size)), {u.key: u for u in units}, read)
 
 
-def tool_versions() -> dict:
-    torch_version = versions.installed("torch")
-    return {"name": "fimoe-convert", "version": __version__,
-            "torch": torch_version.split("+")[0] if torch_version else None,
-            "safetensors": versions.installed("safetensors"), "flashinfer": versions.installed("flashinfer-python")}
-
-
 def _check_memory(plan: Plan, opts: ConvertOptions, experts: int) -> int:
     """The largest unit's output bytes, refused (MemoryBudget.check_unit) when that unit does not fit."""
     biggest = max(plan.units.values(), key=lambda u: u.out_bytes, default=None)
@@ -398,111 +294,24 @@ def _check_memory(plan: Plan, opts: ConvertOptions, experts: int) -> int:
     return biggest.out_bytes
 
 
-def _first_manifest(source: Source, converter, opts: ConvertOptions, plan: Plan, kept: dict,
-                    carried: dict) -> Manifest:
-    """The manifest before any shard: `source.files` holds every input's identity (size, mtime_ns, inode, dev) and
-    its sha256 where known without reading it (`carried`: recorded by the run a --resume continues)."""
-    model, ep_size = source.model, opts.target.ep_size
-    files = {rel: SourceFile(**source.identities[rel], sha256=carried.get(rel) or source.known_sha256(rel))
-             for rel in source.input_files()}
-    return Manifest(
-        tool=Tool(**tool_versions()),
-        options=Options(**opts.record()),
-        source=SourceRecord(source.spec, source.repo_id, source.revision, files),
-        model=model.to_json(),
-        target=TargetRecord(**converter.record()),
-        ep=EpRecord(ep_size, tuple(tuple(r) for r in ep_ranges(model.n_routed_experts, ep_size))),
-        layers=converter.layers_record(list(plan.units.values())),
-        files=dict(kept),
-        status={s.filename: ("written" if s.filename in kept else "pending") for s in plan.shards},
-        complete=False,
-    )
+def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, lanes: tuple[int, int],
+                  manifest: LiveManifest, group: Group, req: Request, result: ConvertResult, t0: float) -> dict:
+    """Write this rank's shards (pipeline.lanes.write_shards); {shard file: record} of those written."""
+    from .pipeline.lanes import write_shards  # torch's tensors: kept out of this module's import (flags first)
 
-
-def _source_record(source: Source, hashes: dict[str, str]) -> SourceRecord:
-    """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
-    elsewhere give the same manifest)."""
-    files = {rel: SourceFile(source.identities[rel]["size"], hashes[rel]) for rel in source.input_files()}
-    return SourceRecord(source.spec, source.repo_id, source.revision, files)
-
-
-def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveManifest | None = None
-                ) -> ParallelHashes:
-    """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
-    finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
-
-    left = len(files)
     lock = threading.Lock()
-
-    def record(rel: str, sha: str) -> None:
-        nonlocal left
-        if manifest is not None:
-            _record_sha(source, manifest, rel, sha)
-            with lock:
-                left -= 1
-                if left == 0:  # the last one: every hash is on disk while the shards are still being written
-                    manifest.flush()
-
-    return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
-
-
-def _record_sha(source: Source, manifest: LiveManifest, rel: str, sha: str) -> None:
-    """Add an input's sha256 to the live manifest; one recorded before (by the run a --resume continues) stays."""
-
-    def add(m: Manifest) -> None:
-        rec = m.source.files[rel]
-        resuming.check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)
-        rec.sha256 = sha
-
-    manifest.update(add, defer=True)
-
-
-def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
-                  manifest: LiveManifest, group: Group, progress, result: ConvertResult, t0: float) -> dict:
-    """Write this rank's shards; {shard file: record} of those written. Each finished shard is recorded at once
-    (the manifest, or under torchrun a status file per rank), with the report of the units whose first output
-    it holds, so that an interrupted run resumes with every finished shard and reports every unit once."""
-    first_units: dict[str, list[str]] = {}
-    seen: set[str] = set()
-    for shard in plan.shards:
-        for t in shard.tensors:
-            for k in t.producers:
-                if k not in seen:
-                    seen.add(k)
-                    first_units.setdefault(shard.filename, []).append(k)
-    lock = threading.Lock()
-    mine: dict[str, FileRecord] = {}
     done = 0
-
-    def on_shard(shard: OutShard, rec) -> None:
-        part = converter.report(first_units.get(shard.filename, []))
-
-        def written(m: Manifest) -> None:
-            m.files[shard.filename] = mine[shard.filename]
-            m.status[shard.filename] = "written"
-
-        with lock:
-            mine[shard.filename] = FileRecord(rec.size, rec.sha256, part)
-            if group.world == 1 and isinstance(source, StreamedSource):  # finished once its inputs are verified
-                source.after_verified(shard_inputs(plan, shard), out_dir / shard.filename,
-                                      lambda: manifest.update(written))
-            elif group.world == 1:
-                manifest.update(written)
-            else:  # one status file per rank: ranks never rewrite the same file
-                write_rank_status(out_dir, group.rank, mine)
 
     def on_bytes(n: int) -> None:
         nonlocal done
         with lock:
             done += n
-            if progress:
-                progress(done, result.bytes_written)
+            if req.progress:
+                req.progress(done, result.bytes_written)
 
-    from .pipeline.lanes import Lanes  # torch's tensors: kept out of this module's import, which checks flags first
-
-    count, budget = lanes
     start = time.perf_counter() - t0
-    timings = Lanes(plan, todo, source, converter, out_dir, count, budget, on_bytes, on_shard).run()
+    mine, timings = write_shards(plan, todo, source, converter, req.out, lanes, manifest, group.rank, group.world,
+                                 on_bytes)
     result.timings = {k: round(v, 3) for k, v in {"start": start, **timings}.items()}
     return mine
 
@@ -512,15 +321,15 @@ def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Mani
     """Metadata files last, so that a folder without them never looks complete: the index, the config, copies
     of SRC's small files, the model card, and the manifest with `complete: true`."""
     weight_map = {t.name: s.filename for s in plan.shards for t in s.tensors}
-    index = {"metadata": {"total_size": sum(s.nbytes for s in plan.shards)},
-             "weight_map": dict(sorted(weight_map.items()))}
-    write_json(out_dir / INDEX_NAME, index)
+    index = OutIndex(weight_map=dict(sorted(weight_map.items())),
+                     metadata=IndexMetadata(sum(s.nbytes for s in plan.shards)))
+    write_json(out_dir / INDEX_NAME, index.to_json())
     write_json(out_dir / "config.json", converter.update_config(source.config))
     copied = copied_files(source)
     for rel in copied:
         copy_file(source.root / rel, out_dir / rel)
     source.check_unchanged()  # every input is still the file the shards were read from
-    manifest.source = _source_record(source, hashes)
+    manifest.source = resuming.source_record(source, hashes)
     resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
     manifest.report = converter.merge_reports([manifest.files[s.filename].report for s in plan.shards])

@@ -34,10 +34,9 @@ def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None
         out = work / f"out-{target}"
         res = convert(str(src), str(out), target, ep_size=2 if target != "bf16" else 1)
         ver = verify(str(out), deep=True)
-        status = "ok" if not ver["problems"] else "FAILED: " + ver["problems"][0]
+        status = "ok" if not ver.problems else "FAILED: " + ver.problems[0]
         say(f"converted to {target}: {plural(res.shards, 'shard')}, {human(res.bytes_written)} in {res.seconds:.2f} s; "
-            f"verify --deep: {status} ({plural(ver['files'], 'file')}, "
-            f"{plural(ver['deep_checked'], 'unit')} re-derived)")
+            f"verify --deep: {status} ({plural(ver.files, 'file')}, {plural(ver.deep_checked, 'unit')} re-derived)")
         rows.append({"target": target, "out": str(out), "shards": res.shards, "bytes": res.bytes_written,
                      "seconds": round(res.seconds, 3), "verify": status})
     ok = all(r["verify"] == "ok" for r in rows)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .files.output.manifest import MANIFEST_NAME, Manifest
+from .files.names import MANIFEST_NAME
+from .records import Manifest
 from .targets.families import family
 
 LIBRARY_NAME = "fimoe-convert"
@@ -75,8 +76,8 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
         f"| NVSHMEM | {'needed' if target.needs_nvshmem else 'not needed'} |",
         f"| vLLM --moe-backend | {target.vllm_moe_backend or '-'} |",
         f"| expert parallel size | {manifest.ep_size} |",
-        f"| geometry | hidden {geometry['hidden_size']}, moe_intermediate {geometry['moe_intermediate_size']}, "
-        f"{geometry['n_routed_experts']} experts, {geometry['moe_blocks']} MoE blocks |",
+        f"| geometry | hidden {geometry.hidden_size}, moe_intermediate {geometry.moe_intermediate_size}, "
+        f"{geometry.n_routed_experts} experts, {geometry.moe_blocks} MoE blocks |",
         f"| tools | fimoe-convert {tool.version}, torch {tool.torch}, flashinfer {tool.flashinfer or '-'}, "
         f"safetensors {tool.safetensors} |",
         "",

@@ -1,13 +1,18 @@
-"""A conversion's flags, parsed and checked before SRC is opened (each error names its flag)."""
+"""A conversion's flags, parsed and checked before SRC is opened (each error names its flag), and convert()'s
+keywords as the one record it hands down (`Request`)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .budget import MemoryBudget
+from .distributed import world_size
 from .errors import UsageError
 from .kernels import Kernel, get_kernel
+from .records import Options
 from .sizes import parse_size
 from .targets import TargetOptions
 
@@ -73,6 +78,52 @@ def check_flags(target: str, *, ep_size: int, arch: str | None, max_memory: str 
 
 
 @dataclass(frozen=True)
+class Request:
+    """What convert() was asked to do: its keywords, the flags among them parsed and checked (`flags`)."""
+
+    src: str
+    out: Path
+    flags: Flags
+    device: str = "auto"
+    allow_lossy: bool = False
+    revision: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    dry_run: bool = False
+    offline: bool = False
+    stream: bool = False
+    upload_repo: str | None = None
+    model: str | None = None  # the DeepSeek V4 variant the preset `config` is made for
+    config: str | None = None
+    command: str | None = None  # the command line the model card shows
+    progress: Callable[[int, int], None] | None = None
+    check_progress: Callable[[int, int], None] | None = None
+    notice: Callable[[str], None] | None = None
+    connections: int | None = None  # --stream's ranged GETs at once (None: stream.CONNECTIONS)
+
+    def __post_init__(self):
+        """--stream, --connections and --upload-repo, before SRC is opened: usage errors naming the flag."""
+        if self.connections is not None and not self.stream:
+            raise UsageError(f"--connections {self.connections}: it sets --stream's ranged GETs at once; add --stream "
+                             "or drop --connections")
+        if self.stream:
+            from .files.sources.stream import CONNECTIONS, check_stream_flags  # the Hub's modules: only for --stream
+
+            if self.connections is None:
+                object.__setattr__(self, "connections", CONNECTIONS)
+            elif self.connections < 1:
+                raise UsageError(f"--connections {self.connections}: expected at least 1 (default {CONNECTIONS})")
+            check_stream_flags(self.src, self.offline, self.revision)
+            if (world := world_size()) > 1:
+                raise UsageError(f"--stream: WORLD_SIZE={world}; a streamed conversion runs in one process: "
+                                 "drop --stream, or run without torchrun")
+        if self.upload_repo:
+            from .publish import check_repo_id
+
+            check_repo_id(self.upload_repo, "--upload-repo")
+
+
+@dataclass(frozen=True)
 class ConvertOptions:
     kernel: Kernel
     target: TargetOptions
@@ -95,6 +146,8 @@ class ConvertOptions:
                              unit_bytes=memory.unit_bytes, device_outputs=on_device)
         return cls(flags.kernel, opts, flags.shard_bytes, memory, flags.writers)
 
-    def record(self) -> dict:
+    def record(self) -> Options:
         """The manifest's `options`: what must match for --resume (any unit size gives the same output)."""
-        return {"target": self.kernel.name, "shard_size": self.shard_bytes, **self.target.to_json()}
+        t = self.target
+        return Options(target=self.kernel.name, shard_size=self.shard_bytes, ep_size=t.ep_size, arch=t.arch_name,
+                       allow_lossy=t.allow_lossy, params=dict(sorted(t.params.items())))

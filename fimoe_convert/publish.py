@@ -11,8 +11,10 @@ import re
 from pathlib import Path
 
 from .errors import InputError, UsageError
+from .files.names import MANIFEST_NAME
 from .files.output.folder import file_sizes, path_kind, strays as stray_files, verify_files
-from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .files.output.manifest import read_manifest
+from .records import Manifest, UploadFile, UploadResult
 from .sizes import human
 
 _TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
@@ -29,8 +31,8 @@ def _glob_escape(name: str) -> str:
     return re.sub(r"([\[\]*?])", r"[\1]", name)
 
 
-def upload_plan(out: str, progress=None) -> tuple[Path, Manifest, list[dict], list[str]]:
-    """(OUT, manifest, [{file, bytes}], strays) for a complete OUT whose files all match the manifest.
+def upload_plan(out: str, progress=None) -> tuple[Path, Manifest, list[UploadFile], list[str]]:
+    """(OUT, manifest, the files to send, strays) for a complete OUT whose files all match the manifest.
 
     Refuses (InputError naming the file) an unfinished or damaged OUT."""
     out_dir = Path(out)
@@ -41,7 +43,7 @@ def upload_plan(out: str, progress=None) -> tuple[Path, Manifest, list[dict], li
                          f"(fimoe-convert verify {out_dir})")
     names = sorted({*manifest.files, MANIFEST_NAME})
     sizes = file_sizes(out_dir, names)
-    files = [{"file": f, "bytes": sizes[f]} for f in names]
+    files = [UploadFile(f, sizes[f]) for f in names]
     return out_dir, manifest, files, stray_files(out_dir, set(names))
 
 
@@ -62,7 +64,7 @@ BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*
 
 def upload(out: str, repo_id: str, *, private: bool = False, revision: str | None = None,
            dry_run: bool = False, token: str | None = None, endpoint: str | None = None,
-           commit_message: str | None = None, progress=None) -> dict:
+           commit_message: str | None = None, progress=None) -> UploadResult:
     """Publish a complete, verified OUT folder to the Hub model repo `repo_id`.
 
     Exactly the files the manifest lists, plus the manifest, are sent (anything else in OUT stays
@@ -82,15 +84,15 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
         raise UsageError(f"--revision {revision!r}: not a branch name (letters, digits, '.', '_', '-' and '/' between "
                          "parts; no '..', no leading '/' or '-'), e.g. main or convert-v1")
     out_dir, manifest, files, strays = upload_plan(out, progress)
-    total = sum(f["bytes"] for f in files)
+    total = sum(f.bytes for f in files)
     if dry_run and not token and os.environ.get("HF_OIDC_RESOURCE"):
         found = True  # the OIDC token exchange is a network call: left to the real upload
     else:
         token = token or get_token()
         found = token is not None
     branch = revision or "main"
-    summary = {"repo_id": repo_id, "revision": branch, "files": len(files), "bytes": total, "human": human(total),
-               "dry_run": dry_run, "private": private, "list": files, "not_uploaded": strays, "token_found": found}
+    summary = UploadResult(repo_id=repo_id, revision=branch, files=len(files), bytes=total, human=human(total),
+                           dry_run=dry_run, private=private, list=files, not_uploaded=strays, token_found=found)
     if dry_run:
         return summary
     if os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
@@ -116,7 +118,7 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
         step = "upload_folder"
         commit = api.upload_folder(
             repo_id=repo_id, folder_path=str(out_dir), repo_type="model", revision=revision,
-            allow_patterns=[_glob_escape(f["file"]) for f in files],
+            allow_patterns=[_glob_escape(f.file) for f in files],
             commit_message=commit_message or f"Upload {manifest.target.name} conversion (fimoe-convert)")
     except InputError:
         raise
@@ -127,6 +129,6 @@ def upload(out: str, repo_id: str, *, private: bool = False, revision: str | Non
             why += f" ({type(cause).__name__}: {' '.join(str(cause).split())})"
         raise InputError(_redact(f"upload to {repo_id}@{branch} failed at {step}: {why}; run the same command "
                                  "again to resume (what reached the Hub is not sent again)", token)) from e
-    summary["commit"] = getattr(commit, "oid", None)
-    summary["url"] = f"{api.endpoint}/{repo_id}" + (f"/tree/{revision}" if revision else "")
+    summary.commit = getattr(commit, "oid", None)
+    summary.url = f"{api.endpoint}/{repo_id}" + (f"/tree/{revision}" if revision else "")
     return summary

@@ -1,4 +1,5 @@
-"""`--resume`: what an earlier, interrupted run into OUT left that this run can keep.
+"""`--resume`: what an earlier, interrupted run into OUT left that this run can keep; and what a run records of its
+inputs so that it can be resumed (the first manifest, every input's identity and sha256).
 
 A finished shard is kept when the earlier run had the same options and read the same source files, and the
 shard's size and sha256 still match its record; everything else is redone. An input is the same file when its
@@ -7,41 +8,37 @@ one recorded; any other input refuses the resume (a kept shard would hold the ol
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+from . import versions
 from .distributed import Group
 from .errors import InputError, UsageError
 from .files.hashing import CORES_PER_INPUT_HASH, ParallelHashes, hash_threads
 from .files.output.folder import matching_records
-from .files.output.manifest import (
-    FileRecord,
-    Manifest,
-    Options,
-    SourceRecord,
-    has_manifest,
-    read_manifest,
-    read_rank_status,
-)
+from .files.output.manifest import LiveManifest, has_manifest, read_manifest, read_rank_status
 from .files.sources.local import SAME_FILE, Source, identity_change
+from .files.sources.stream import StreamedSource
 from .plan import Plan
+from .records import FileRecord, Manifest, Options, SourceRecord, Status
 
 CHANGED = ("the shards kept would mix old and new source bytes: run with --overwrite in place of --resume to "
            "convert again from the current source")
 
 
-def previous_run(out_dir: Path, options: dict, source: Source, group: Group) -> tuple[Manifest | None, dict]:
+def previous_run(out_dir: Path, options: Options, source: Source, group: Group) -> tuple[Manifest | None, dict]:
     """(the earlier run's manifest or None when OUT has none, {input: sha256 or None} recorded for the inputs
     that are still the files it read). Refuses a manifest made with other options (exit 2) or from other or
     changed source files (exit 1, naming the file); rank 0 compares the inputs, for every rank."""
     if not has_manifest(out_dir):
         return None, {}
     old = read_manifest(out_dir, purpose="resume")
-    if old.options != Options(**options):
-        was = old.options.to_json()
-        changed = sorted(k for k in set(options) | set(was) if options.get(k) != was.get(k))
+    if old.options != options:
+        was, now = old.options.to_json(), options.to_json()
+        changed = sorted(k for k in now if now[k] != was[k])
         raise UsageError(f"--resume: {out_dir} was converted with other options ({', '.join(changed)} differ: "
-                         f"{[was.get(k) for k in changed]} there, "
-                         f"{[options.get(k) for k in changed]} now); use the same options or --overwrite")
+                         f"{[was[k] for k in changed]} there, "
+                         f"{[now[k] for k in changed]} now); use the same options or --overwrite")
     carried, problem = {}, None
     if group.rank == 0:
         try:
@@ -68,9 +65,9 @@ def same_inputs(out_dir: Path, old: Manifest, source: Source) -> dict[str, str |
     to_hash = []
     for rel in now:
         rec, cur = recorded[rel], source.identities[rel]
-        if all(rec.identity().get(k) == cur[k] for k in SAME_FILE):
+        if all(getattr(rec, k) == getattr(cur, k) for k in SAME_FILE):
             carried[rel] = rec.sha256
-        elif rec.sha256 is None or rec.size != cur["size"]:
+        elif rec.sha256 is None or rec.size != cur.size:
             raise InputError(f"--resume: {source.root / rel}: changed since {out_dir} was started "
                              f"({identity_change(rec.identity(), cur)})" + ("" if rec.sha256 else
                                                                  " and no sha256 was recorded to compare its bytes")
@@ -118,3 +115,61 @@ def check_source_hashes(out_dir: Path, old: Manifest | None, source_record: Sour
     if changed:
         raise InputError(f"--resume: the sha256 of {', '.join(changed)} differs from when {out_dir} was started; "
                          "run again with --overwrite")
+
+
+def first_manifest(source: Source, converter, options: Options, plan: Plan, kept: dict, carried: dict) -> Manifest:
+    """The manifest before any shard: `source.files` holds every input's identity (size, mtime_ns, inode, dev) and
+    its sha256 where known without reading it (`carried`: recorded by the run a --resume continues)."""
+    files = {rel: FileRecord(**{**vars(source.identities[rel]),
+                                "sha256": carried.get(rel) or source.known_sha256(rel)})
+             for rel in source.input_files()}
+    return Manifest(tool=versions.tool(), options=options, model=source.model.geometry(),
+                    source=SourceRecord(spec=source.spec, repo_id=source.repo_id, revision=source.revision,
+                                        files=files),
+                    target=converter.record(), ep=converter.ep_record(),
+                    layers=converter.layers_record(list(plan.units.values())), files=dict(kept),
+                    status={s.filename: Status.WRITTEN if s.filename in kept else Status.PENDING for s in plan.shards},
+                    complete=False)
+
+
+def source_record(source: Source, hashes: dict[str, str]) -> SourceRecord:
+    """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
+    elsewhere give the same manifest)."""
+    files = {rel: FileRecord(source.identities[rel].size, hashes[rel]) for rel in source.input_files()}
+    return SourceRecord(spec=source.spec, repo_id=source.repo_id, revision=source.revision, files=files)
+
+
+def local_inputs(source: Source) -> list[str]:
+    """The inputs hashed from disk: all of them, but a streamed source's shards (hashed as they stream)."""
+    files = source.input_files()
+    return [f for f in files if f not in source.remote] if isinstance(source, StreamedSource) else files
+
+
+def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveManifest | None = None
+                ) -> ParallelHashes:
+    """The sha256 of SRC's `files`, on `threads` threads beside the conversion, each added to `manifest` as it
+    finishes (so that a --resume can compare the bytes of an input whose identity changed)."""
+    left = len(files)
+    lock = threading.Lock()
+
+    def record(rel: str, sha: str) -> None:
+        nonlocal left
+        if manifest is not None:
+            record_sha(source, manifest, rel, sha)
+            with lock:
+                left -= 1
+                if left == 0:  # the last one: every hash is on disk while the shards are still being written
+                    manifest.flush()
+
+    return ParallelHashes(files, source.hash_input, threads, source.file_size, on_result=record)
+
+
+def record_sha(source: Source, manifest: LiveManifest, rel: str, sha: str) -> None:
+    """Add an input's sha256 to the live manifest; one recorded before (by the run a --resume continues) stays."""
+
+    def add(m: Manifest) -> None:
+        rec = m.source.files[rel]
+        check_sha(source.root / rel, sha, rec.sha256, manifest.out_dir)
+        rec.sha256 = sha
+
+    manifest.update(add, defer=True)

@@ -8,18 +8,20 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
+from .files.names import MANIFEST_NAME
 from .files.output.folder import output_tensor_bytes, read_output_tensors, verify_files
-from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
+from .files.output.manifest import read_manifest
 from .files.output.space import stray_single_file
 from .files.sources.local import Source, open_source
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
 from .plan import piece_rows
+from .records import Manifest, VerifyResult
 from .targets import TargetOptions, get_kernel, make_target
 
 
-def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> dict:
+def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> VerifyResult:
     """Re-hash every output file against the manifest (in parallel; `progress(done bytes, total bytes)`) and check
     index, manifest and headers agree. With `deep`, check that the source is the one the output was converted from
     (sizes, and the sha256 of every input, hashed now), then re-derive `samples` units from it and compare them bit
@@ -29,14 +31,13 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     # --deep: the source's identity first, so a wrong --src is said in seconds, before OUT is hashed
     source = _source(manifest, src, out_dir) if deep else None
     res = verify_files(out_dir, manifest, progress)
-    report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if not res.problems:
         res.problems.extend(structure_problems(out_dir, manifest))
     stray = stray_single_file(out_dir, manifest.files)
     if stray:
         res.problems.append(stray)
     if res.problems or source is None:
-        return report
+        return res
     o = manifest.options
     target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
                                    allow_lossy=o.allow_lossy, params=dict(o.params))
@@ -52,12 +53,12 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
             g = got[name] if (lo, hi) == (0, got[name].shape[0]) else got[name][lo:hi]
             same = torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8))
             if g.shape != w.shape or not same:
-                report["problems"].append(f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; "
-                                          "the output is damaged, convert again with --overwrite")
-        report["deep_checked"] += 1
-        if report["problems"]:
+                res.problems.append(f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; "
+                                    "the output is damaged, convert again with --overwrite")
+        res.deep_checked += 1
+        if res.problems:
             break
-    return report
+    return res
 
 
 def structure_problems(out_dir: Path, manifest: Manifest) -> list[str]:

@@ -8,6 +8,9 @@ import os
 import re
 import sys
 
+from . import __version__
+from .records import Tool
+
 # flashinfer-python 0.7.4 is the first release with flashinfer.megamoe and the moe_ep kernels the targets use.
 MIN_FLASHINFER = (0, 7, 4)
 
@@ -52,3 +55,10 @@ def show(version: tuple[int, ...]) -> str:
 def flashinfer() -> tuple[int, ...] | None:
     v = installed("flashinfer-python")
     return None if v is None else parse(v)
+
+
+def tool() -> Tool:
+    """The manifest's `tool`: this tool's version and those of the libraries that shape its output."""
+    torch = installed("torch")
+    return Tool(name="fimoe-convert", version=__version__, torch=torch.split("+")[0] if torch else None,
+                safetensors=installed("safetensors"), flashinfer=installed("flashinfer-python"))

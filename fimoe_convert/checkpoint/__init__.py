@@ -13,7 +13,7 @@ from .spec import (
     natural_key,
     parse_expert_name,
 )
-from .variants import VARIANTS, Variant, variant_name
+from .variants import VARIANTS, Variant, check_preset_model, variant_name
 
 __all__ = [
     "EXPERT_LEGS",
@@ -29,5 +29,6 @@ __all__ = [
     "model_spec_from_config",
     "natural_key",
     "parse_expert_name",
+    "check_preset_model",
     "variant_name",
 ]

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..dtypes import FP4_GROUP
 from ..errors import InputError, ValidationError
+from ..records import Geometry
 
 FP8_BLOCK = 128  # rows x cols per F32 scale in FP8 (Base) experts
 EXPERT_LEGS = ("w1", "w2", "w3")  # gate, down, up
@@ -74,12 +75,12 @@ class ModelSpec:
         layers = [f"layers.{i}" for i in range(self.first_k_dense_replace, self.num_hidden_layers)]
         return layers + [f"mtp.{k}" for k in range(self.num_nextn_predict_layers)]
 
+    def geometry(self) -> Geometry:
+        """The record of this spec (the manifest's `model`)."""
+        return Geometry(**asdict(self), moe_blocks=len(self.moe_blocks))
+
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["weight_block_size"] = list(self.weight_block_size)
-        d["architectures"] = list(self.architectures)
-        d["moe_blocks"] = len(self.moe_blocks)
-        return d
+        return self.geometry().to_json()
 
 
 # Sane absolute caps on what config.json declares (the largest V4 has 384 experts, 61 layers, hidden 7168): no

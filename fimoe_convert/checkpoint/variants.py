@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InputError
 from .spec import ModelSpec
 
 
@@ -43,3 +44,13 @@ def variant_name(spec: ModelSpec, config: dict | None = None) -> str:
     if n_mtp > 1 or "dspark_target_layer_ids" in config:
         return f"V4 0731/DSpark ({n_mtp} MTP block{'s' if n_mtp != 1 else ''})"
     return "V4-Pro" if is_pro else "V4-Flash"
+
+
+def check_preset_model(model: str | None, preset: str | None, spec: ModelSpec, config: dict, where) -> None:
+    """A preset (`preset`, made for the variant `model`) for another DeepSeek V4 variant than the checkpoint at
+    `where` is refused: its flags (EP size, target) fit that one."""
+    found = variant_name(spec, config)
+    if model is not None and model != found:
+        raise InputError(f"--config {preset}: made for model {model}, but SRC {where} is a {found} checkpoint "
+                         f"(hidden {spec.hidden_size}, {spec.n_routed_experts} experts); pick a preset "
+                         f"for {found} (fimoe-convert targets lists them) or give the flags without --config")

@@ -1,13 +1,12 @@
 """The one loader for every JSON file the tool reads (SRC's config.json and index, OUT's manifest and status
 files): a byte limit per kind of file, a strict parse (UTF-8, no duplicate keys, no NaN or Infinity, integers
-of at most 64 bits), a depth limit, then a small typed schema check. These files may come from anyone (a
-downloaded checkpoint, an OUT fetched from the Hub), so every violation is an InputError naming the file and
-the field, never another exception."""
+of at most 64 bits), a depth limit; records.py's strict reader then checks the fields. These files may come from
+anyone (a downloaded checkpoint, an OUT fetched from the Hub), so every violation is an InputError naming the file
+and the field, never another exception."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InputError
@@ -140,77 +139,3 @@ def read_json(path: Path, kind: str, *, fix: str = "the file is damaged", missin
         raise InputError(f"{path}: larger than {limit} bytes, the most a {kind} file may have; {fix}")
     value = parse_json(data, str(path), fix)
     return value
-
-
-# ------------------------------------------------------------------------------------------ typed reading
-#
-# Reading typed fields out of parsed JSON (the manifest's records, SRC's config and index): each kind is (what a
-# message says it expected, the test), and the first value that does not fit is one InputError naming the field.
-
-def shown(value) -> str:
-    """A value as an error message shows it: scalars as repr (cut), containers by kind and size."""
-    if isinstance(value, dict):
-        return f"an object ({len(value)} keys)"
-    if isinstance(value, list):
-        return f"a list ({len(value)} items)"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_HEX = frozenset("0123456789abcdef")
-# Kinds of values: (what a message says it expected, the test).
-STR = ("a string", lambda v: isinstance(v, str))
-INT = ("an integer", lambda v: type(v) is int)
-NONNEG = ("an integer >= 0", lambda v: type(v) is int and v >= 0)
-BOOL = ("true or false", lambda v: type(v) is bool)
-HEX64 = ("a sha256 (64 hex digits)", lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= _HEX)
-OBJ = ("an object", lambda v: isinstance(v, dict))
-LIST = ("a list", lambda v: isinstance(v, list))
-
-
-def nullable(kind: tuple) -> tuple:
-    return (f"{kind[0]} or null", lambda v: v is None or kind[1](v))
-
-
-def sub(path: str, key) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    plain = key.replace("_", "").isalnum() and key.isascii()
-    return (f"{path}.{key}" if path else key) if plain else f"{path}[{key!r}]"
-
-
-class Fields:
-    """Reads typed fields out of parsed JSON; the first that does not fit is an InputError
-    `{where}: {field} is {value}; expected {kind}; {fix}`."""
-
-    def __init__(self, where: str, fix: str | None = None):
-        self.where, self.fix = where, fix
-
-    def wrong(self, path: str, seen: str, expected: str) -> InputError:
-        return InputError(f"{self.where}: {path or 'the file'} is {seen}; expected {expected}"
-                          + (f"; {self.fix}" if self.fix else ""))
-
-    def value(self, v, kind: tuple, path: str):
-        if not kind[1](v):
-            raise self.wrong(path, shown(v), kind[0])
-        return v
-
-    def get(self, obj: dict, key: str, kind: tuple, path: str, default=...):
-        """obj[key] of `kind`; a missing key is `default` (none given: an error)."""
-        if key not in obj:
-            if default is ...:
-                raise self.wrong(sub(path, key), "missing", kind[0])
-            return default
-        return self.value(obj[key], kind, sub(path, key))
-
-    def obj(self, obj: dict, key: str, path: str, default=...) -> dict:
-        return self.get(obj, key, OBJ, path, default)
-
-    def mapping(self, obj: dict, key: str, path: str, read: Callable[[object, str], object]) -> dict:
-        """obj[key], an object whose every value is read by `read(value, its path)`."""
-        where = sub(path, key)
-        return {k: read(v, sub(where, k)) for k, v in self.obj(obj, key, path).items()}
-
-    def strings(self, obj: dict, key: str, path: str, default=...) -> list[str]:
-        items = self.get(obj, key, LIST, path, default)
-        return [self.value(s, STR, sub(sub(path, key), i)) for i, s in enumerate(items)]

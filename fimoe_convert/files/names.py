@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 
+from ..records import MANIFEST_NAME
+
 INDEX_NAME = "model.safetensors.index.json"  # Hugging Face's name for a sharded checkpoint's index
 SINGLE_NAME = "model.safetensors"  # an unsharded checkpoint's one file
-MANIFEST_NAME = "fimoe-manifest.json"
 LOCK_NAME = ".fimoe-lock"
 TMP_SUFFIX = ".fimoe-tmp"
 RANK_STATUS = "fimoe-status.rank{rank}.json"

@@ -14,13 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..budget import SHARDS_PER_LANE
-from ..files.output.atomic import WrittenFile
+from ..files.output.manifest import LiveManifest, write_rank_status
 from ..files.safetensors.header import PlannedTensor
 from ..files.safetensors.writer import ShardWriter
 from ..files.sources.local import Source
+from ..files.sources.stream import StreamedSource
 from ..plan import OutShard, Plan
+from ..records import FileRecord, Manifest, Status
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes
+from .reads import shard_inputs
 
 log = logging.getLogger("fimoe_convert")
 SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch API write; some loaders look for it
@@ -32,7 +35,7 @@ class Lanes:
     stage, summed over lanes."""
 
     def __init__(self, plan: Plan, shards: list[OutShard], source: Source, target, out_dir: Path, count: int,
-                 budget: int, on_bytes: Callable[[int], None], on_shard: Callable[[OutShard, WrittenFile], None]):
+                 budget: int, on_bytes: Callable[[int], None], on_shard: Callable[[OutShard, FileRecord], None]):
         self.out_dir, self.on_bytes, self.on_shard = out_dir, on_bytes, on_shard
         queue = ShardQueue(shards)
         self.feeders = [Feeder(plan, queue, source, target, budget) for _ in range(count)]
@@ -213,3 +216,43 @@ class _ShardJob:
             with lanes.lock:
                 lanes.timings["write"] += busy
             self.done.set()
+
+
+def write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
+                 manifest: LiveManifest, rank: int, world: int, on_bytes: Callable[[int], None]
+                 ) -> tuple[dict[str, FileRecord], dict[str, float]]:
+    """Write this rank's shards on `lanes` (count, bytes of each one's budget): ({shard file: record} of those
+    written, the lanes' timings). Each finished shard is recorded at once (the manifest, or under torchrun a status
+    file per rank), with the report of the units whose first output it holds, so that an interrupted run resumes
+    with every finished shard and reports every unit once."""
+    first_units: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for shard in plan.shards:
+        for t in shard.tensors:
+            for k in t.producers:
+                if k not in seen:
+                    seen.add(k)
+                    first_units.setdefault(shard.filename, []).append(k)
+    lock = threading.Lock()
+    mine: dict[str, FileRecord] = {}
+
+    def on_shard(shard: OutShard, rec: FileRecord) -> None:
+        part = converter.report(first_units.get(shard.filename, []))
+
+        def written(m: Manifest) -> None:
+            m.files[shard.filename] = mine[shard.filename]
+            m.status[shard.filename] = Status.WRITTEN
+
+        with lock:
+            mine[shard.filename] = FileRecord(rec.size, rec.sha256, part)
+            if world == 1 and isinstance(source, StreamedSource):  # finished once its inputs are verified
+                source.after_verified(shard_inputs(plan, shard), out_dir / shard.filename,
+                                      lambda: manifest.update(written))
+            elif world == 1:
+                manifest.update(written)
+            else:  # one status file per rank: ranks never rewrite the same file
+                write_rank_status(out_dir, rank, mine)
+
+    count, budget = lanes
+    timings = Lanes(plan, todo, source, converter, out_dir, count, budget, on_bytes, on_shard).run()
+    return mine, timings

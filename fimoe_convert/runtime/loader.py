@@ -9,9 +9,10 @@ import torch
 
 from ..errors import InputError
 from ..files.output.folder import read_output_tensors
-from ..files.output.manifest import Manifest, read_manifest
+from ..files.output.manifest import read_manifest
 from ..kernels import BY_NAME
 from ..numerics.structure import structure_problem, tensor_names, unflatten
+from ..records import Manifest
 
 
 def load_manifest(out_dir: str | Path) -> Manifest:

@@ -18,8 +18,8 @@ import torch
 
 from .. import versions
 from ..errors import InputError, format_problems
-from ..files.output.manifest import Manifest, TargetRecord
 from ..kernels import BY_NAME, suggested, vllm_backends
+from ..records import Manifest, TargetRecord
 from ..targets.families import Family, config_class, family, kernel_config as build_kernel_config
 from .loader import as_manifest, load_transformed_weights
 
@@ -255,7 +255,7 @@ def kernel_config(manifest: Manifest | dict | str | Path, **kernel_options):
             f"config class {BY_NAME[t.name].config_class}; install the flashinfer-python version the output was "
             "converted with (fimoe-manifest.json, tool.flashinfer)"])
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    sizes = m.model["moe_intermediate_size"], m.model["num_experts_per_tok"]
+    sizes = m.model.moe_intermediate_size, m.model.num_experts_per_tok
     geometry = {"intermediate_size": sizes[0], "top_k": sizes[1]}
     problems = []
     for key, value in kernel_options.items():

@@ -15,6 +15,7 @@ from ..errors import CorruptTensorError
 from ..kernels import Kernel
 from ..numerics import find_nan_scales
 from ..plan import Unit, ep_ranges
+from ..records import EpRecord, TargetRecord
 from .rules import TargetOptions, target_record, validate
 
 
@@ -79,9 +80,13 @@ class Target(ABC):
         """config.json for the output."""
         return config
 
-    def record(self) -> dict:
+    def record(self) -> TargetRecord:
         """The manifest's `target`."""
         return target_record(self.kernel, self.opts)
+
+    def ep_record(self) -> EpRecord:
+        """The manifest's `ep`: the EP size and each rank's experts."""
+        return EpRecord(world_size=self.opts.ep_size, expert_ranges=tuple(tuple(r) for r in self.ranks()))
 
 
 def prefix(block: str, rank: int) -> str:

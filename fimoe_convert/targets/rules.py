@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from .. import versions
 from ..checkpoint import ModelSpec
 from ..kernels import INSTALL, Kernel
+from ..records import TargetRecord
 from .families import family
 
 
@@ -28,17 +29,18 @@ class TargetOptions:
     # A CUDA conversion's outputs stay on the device until written (budget.MemoryBudget.fits_device); not recorded
     device_outputs: bool = False
 
-    def to_json(self) -> dict:
-        return {"ep_size": self.ep_size, "arch": None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}",
-                "allow_lossy": self.allow_lossy, "params": dict(sorted(self.params.items()))}
+    @property
+    def arch_name(self) -> str | None:
+        """--arch as the manifest records it ("9.0"), or None."""
+        return None if self.arch is None else f"{self.arch[0]}.{self.arch[1]}"
 
 
-def target_record(kernel: Kernel, opts: TargetOptions) -> dict:
+def target_record(kernel: Kernel, opts: TargetOptions) -> TargetRecord:
     """The manifest's `target`: the kernel's facts the runtime and the model card need, and the --param values."""
-    return {"name": kernel.name, "kernel_name": kernel.kernel_name, "vllm_moe_backend": kernel.vllm_moe_backend,
-            "capabilities": list(kernel.capabilities), "weight_format": kernel.weight_format,
-            "activation_format": kernel.activation_format, "needs_nvshmem": kernel.needs_nvshmem,
-            "runtime_module": kernel.runtime_module, "parameters": dict(sorted(opts.params.items()))}
+    return TargetRecord(name=kernel.name, kernel_name=kernel.kernel_name, vllm_moe_backend=kernel.vllm_moe_backend,
+                        capabilities=tuple(kernel.capabilities), weight_format=kernel.weight_format,
+                        activation_format=kernel.activation_format, needs_nvshmem=kernel.needs_nvshmem,
+                        runtime_module=kernel.runtime_module, parameters=dict(sorted(opts.params.items())))
 
 
 def divisors(n: int) -> list[int]:

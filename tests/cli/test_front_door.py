@@ -267,5 +267,5 @@ def test_verify_deep_checks_the_source_before_hashing_out(bf16_out_of, tmp_path)
     with pytest.raises(InputError, match=wrong_src):
         verify(str(out), deep=True, src=str(other), progress=lambda done, total: hashed.append(done))
     assert hashed == []
-    assert verify(str(out), deep=True, progress=lambda done, total: hashed.append(done))["problems"] == []
+    assert verify(str(out), deep=True, progress=lambda done, total: hashed.append(done)).problems == []
     assert hashed  # the same call with the right source does hash OUT

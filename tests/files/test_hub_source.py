@@ -18,7 +18,7 @@ def test_hub_repo_converts_offline_and_pins_revision(hub_cache, tiny_ckpt, tmp_p
     import hashlib
     for name, rec in m["source"]["files"].items():
         assert rec["sha256"] == hashlib.sha256((tiny_ckpt / name).read_bytes()).hexdigest()
-    assert verify(str(out))["problems"] == []
+    assert verify(str(out)).problems == []
     card = (out / "README.md").read_text()
     assert f"base_model: {REPO}" in card and COMMIT in card
 

@@ -1,5 +1,6 @@
-"""The typed manifest (files/output/manifest.py): what is read is what was written, byte for byte; optional fields stay
-optional; every field the code relies on is checked, naming the file and the field."""
+"""The typed manifest (records.py, read and written by files/output/manifest.py): what is read is what was written,
+byte for byte; optional fields stay optional; every field the code relies on is checked, naming the file and the
+field; a key a record does not have is refused."""
 
 from __future__ import annotations
 
@@ -10,16 +11,8 @@ import pytest
 
 from fimoe_convert import convert
 from fimoe_convert.errors import InputError
-from fimoe_convert.files.output.manifest import (
-    MANIFEST_NAME,
-    FileRecord,
-    Manifest,
-    SourceFile,
-    dumps,
-    read_manifest,
-    read_rank_status,
-    write_rank_status,
-)
+from fimoe_convert.files.output.manifest import MANIFEST_NAME, dumps, read_manifest, read_rank_status, write_rank_status
+from fimoe_convert.records import FileRecord, Manifest
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +38,9 @@ def test_optional_fields_stay_out_when_absent(written, drop, attr, default):
 
 
 def test_identity_fields_of_a_source_file_are_written_only_while_known():
-    assert SourceFile(3, None, 7, 8, 9).to_json() == {"size": 3, "sha256": None, "mtime_ns": 7, "inode": 8, "dev": 9}
-    assert SourceFile(3, "a" * 64).to_json() == {"size": 3, "sha256": "a" * 64}
+    assert FileRecord(3, None, mtime_ns=7, inode=8, dev=9).to_json() == {"size": 3, "sha256": None, "mtime_ns": 7,
+                                                                          "inode": 8, "dev": 9}
+    assert FileRecord(3, "a" * 64).to_json() == {"size": 3, "sha256": "a" * 64}
     assert FileRecord(1, "b" * 64).to_json() == {"size": 1, "sha256": "b" * 64}
     assert FileRecord(1, "b" * 64, {"x": 1}).to_json() == {"size": 1, "sha256": "b" * 64, "report": {"x": 1}}
 
@@ -62,6 +56,13 @@ def test_identity_fields_of_a_source_file_are_written_only_while_known():
     (lambda m: m["files"]["README.md"].update(report=[]), r"files\['README\.md'\]\.report is a list \(0 items\); "
                                                           r"expected an object"),
     (lambda m: m.update(report=3), r"^m\.json: report is 3; expected an object; fix it$"),
+    (lambda m: m.update(complete=None), r"^m\.json: complete is None; expected true or false; fix it$"),
+    (lambda m: m["files"]["README.md"].update(sha256=None),
+     r"files\['README\.md'\]\.sha256 is None; expected a sha256 \(64 hex digits\); fix it$"),
+    (lambda m: m["status"].update(x="done"), r"status\.x is 'done'; expected one of 'pending', 'written'"),
+    (lambda m: m["tool"].update(extra=1), r"^m\.json: tool\.extra is 1, a key it does not have; expected only "
+                                          r"name, version, torch, safetensors, flashinfer; fix it$"),
+    (lambda m: m.update(notes="x"), r"^m\.json: notes is 'x', a key it does not have; expected only schema, tool, "),
 ])
 def test_a_field_of_the_wrong_type_is_named(written, change, match):
     data = copy.deepcopy(written)

@@ -94,7 +94,7 @@ def test_bf16_card(bf16_out):
     exec(python_block(card.text, bf16_out), scope)
     assert scope["w1"].dtype == torch.bfloat16 and tuple(scope["w1"].shape) == (128, 256)
     # The card is listed in the manifest, so verify covers it.
-    assert "README.md" in m["files"] and verify(str(bf16_out))["problems"] == []
+    assert "README.md" in m["files"] and verify(str(bf16_out)).problems == []
 
 
 def test_megamoe_card(mm_out, tiny_ckpt):
@@ -134,7 +134,7 @@ def test_hub_source_card_names_repo_and_revision(hub_cache, tmp_path):
 def test_moe_ep_card_says_nvshmem_and_loads_with_mega_config(mm_out):
     """A moe_ep kernel target (its preprocessing needs CUDA, so the manifest is made by hand here)."""
     m = manifest(mm_out)
-    m["target"] = target_record(get_kernel("sm100_nvfp4_nvfp4_bf16_cutedsl"), TargetOptions())
+    m["target"] = target_record(get_kernel("sm100_nvfp4_nvfp4_bf16_cutedsl"), TargetOptions()).to_json()
     card = ModelCard(
         model_card(
             Manifest.from_json(m, "test"), command="fimoe-convert org/x OUT --target sm100_nvfp4_nvfp4_bf16_cutedsl"

@@ -579,8 +579,8 @@ def test_verify_detects_single_byte_flips(tmp_path):
 def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tiny_ckpt, tmp_path, threads):
     """The manifest's source hashes run on several threads; a file that cannot be read then is reported by
     name, not as a bare OSError."""
-    from fimoe_convert.conversion import hash_inputs
     from fimoe_convert.files.sources.local import open_source
+    from fimoe_convert.resume import hash_inputs
 
     src = tmp_path / "src"
     shutil.copytree(tiny_ckpt, src)
@@ -608,12 +608,13 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
 def test_input_hash_threads_follow_the_lanes_and_the_input_share(tiny_ckpt, tmp_path, monkeypatch, target, cores,
                                                                  writers, threads):
     import fimoe_convert.conversion as conv
+    import fimoe_convert.resume as resuming
 
     seen = []
-    real = conv.hash_inputs
+    real = resuming.hash_inputs
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(conv, "hash_inputs", lambda source, files, n, *more: seen.append(n) or real(source, files, n,
-                                                                                                      *more))
+    monkeypatch.setattr(resuming, "hash_inputs", lambda source, files, n, *more: seen.append(n) or real(
+        source, files, n, *more))
     conv.convert(str(tiny_ckpt), str(tmp_path / "out"), target, shard_size="200KB", writers=writers)
     assert seen == [threads]
 

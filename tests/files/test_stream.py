@@ -345,7 +345,7 @@ def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  #
     # 4MB: the tiny fixture's 9.5 MB of BF16 output in 3 shards
     out = tmp_path / "out"
     res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo="fimoe-test/tiny-bf16")
-    assert res.upload["url"] == f"{hub.url}/fimoe-test/tiny-bf16" and res.upload["files"] == 10
+    assert res.upload.url == f"{hub.url}/fimoe-test/tiny-bf16" and res.upload.files == 10
     assert arrived(hub, "fimoe-test/tiny-bf16") == expected_files(out)
     assert hashlib.sha256((out / "fimoe-manifest.json").read_bytes()).hexdigest() == hashlib.sha256(
         arrived(hub, "fimoe-test/tiny-bf16")["fimoe-manifest.json"]).hexdigest()
@@ -380,7 +380,7 @@ def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, 
     res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
     assert res.shards_kept == len(kept)
     assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
-    assert verify(str(out))["problems"] == []
+    assert verify(str(out)).problems == []
     streamed = {s for s in SHARDS if f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)}
     assert late in streamed and streamed < set(SHARDS), streamed
 

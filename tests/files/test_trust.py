@@ -5,6 +5,7 @@ and --resume, folder guards (lock, identity of SRC vs OUT, tool-named files, sig
 what is present, damaged or old manifests, exit codes. Every refusal through the CLI gives its exit code, one
 `error:` line matched here, no traceback, and leaves the source untouched."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,15 +27,16 @@ from fimoe_convert import convert
 from fimoe_convert.checkpoint import check_counts, model_spec_from_config
 from fimoe_convert.errors import InputError, ValidationError
 from fimoe_convert.files import hashing, jsonfile
-from fimoe_convert.files.jsonfile import HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, parse_json
+from fimoe_convert.files.jsonfile import parse_json
 from fimoe_convert.files.output import atomic
 from fimoe_convert.files.output.folder import read_output_tensors
 from fimoe_convert.files.output.lock import LOCK_NAME, OutLock
-from fimoe_convert.files.output.manifest import MANIFEST_NAME, STATUS, FileRecord, read_manifest
+from fimoe_convert.files.output.manifest import MANIFEST_NAME, read_manifest
 from fimoe_convert.files.paths import name_problem
 from fimoe_convert.files.safetensors import header as st_header, writer as st_writer
 from fimoe_convert.files.sources.local import check_config, index_weight_map, open_source
 from fimoe_convert.kernels import KERNELS
+from fimoe_convert.records import Count, FileRecord, Record, Sha256, Status, read_record
 from fimoe_convert.targets.rules import check_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,15 +122,10 @@ def test_the_json_loader_caps_bytes_per_kind_and_reads_no_more(tmp_path, monkeyp
         jsonfile.read_json(tmp_path / "nope.json", "config", missing="run it first")
 
 
-def _field(key, kind):
-    """A reader of one field `key` of kind `kind`, as the manifest's and SRC's readers use them."""
-    return lambda v: Fields("c.json").get(Fields("c.json").value(v, OBJ, ""), key, kind, "")
-
-
-def _ranges(v):
-    f = Fields("c.json")
-    return [[f.value(x, INT, f"r[{i}][{j}]") for j, x in enumerate(f.value(r, LIST, f"r[{i}]"))]
-            for i, r in enumerate(f.get(v, "r", LIST, ""))]
+def _field(key, tp):
+    """A reader of one field `key` of type `tp`, through the one strict reader."""
+    cls = dataclasses.make_dataclass("Rec", [(key, tp)], bases=(Record,))
+    return lambda v: read_record(cls, v, "c.json")
 
 
 @pytest.mark.parametrize("value, read, match", [
@@ -142,19 +139,18 @@ def _ranges(v):
     ({}, lambda v: index_weight_map(v, "c.json"), r"^c\.json: weight_map is missing; expected an object$"),
     ({"weight_map": {"a.weight": 5}}, lambda v: index_weight_map(v, "c.json"),
      r"^c\.json: weight_map\['a\.weight'\] is 5; expected a string$"),
-    ({"files": [1]}, lambda v: Fields("c.json").mapping(v, "files", "", lambda x, p: x),
-     r"^c\.json: files is a list \(1 items\); expected an object$"),
-    ({"size": -1, "sha256": "0" * 64}, lambda v: FileRecord.from_json(v, "", Fields("c.json")),
+    ({"files": [1]}, _field("files", dict[str, int]), r"^c\.json: files is a list \(1 items\); expected an object$"),
+    ({"size": -1, "sha256": "0" * 64}, lambda v: read_record(FileRecord, v, "c.json"),
      r"size is -1; expected an integer >= 0"),
-    ({"size": True}, _field("size", NONNEG), r"size is True; expected an integer >= 0"),
-    ({"sha256": "ABC"}, _field("sha256", nullable(HEX64)),
+    ({"size": True}, _field("size", Count), r"size is True; expected an integer >= 0"),
+    ({"sha256": "ABC"}, _field("sha256", Sha256 | None),
      r"sha256 is 'ABC'; expected a sha256 \(64 hex digits\) or null"),
-    ({"status": {"x": "done"}}, lambda v: Fields("c.json").mapping(v, "status",
-     "", lambda x, p: Fields("c.json").value(x, STATUS, p)),
+    ({"status": {"x": "done"}}, _field("status", dict[str, Status]),
      r"status\.x is 'done'; expected one of 'pending', 'written'"),
-    ({"arch": ["9.0"]}, _field("arch", nullable(STR)), r"arch is a list \(1 items\); expected a string or null"),
-    ({"r": [[1, "2"]]}, _ranges, r"r\[0\]\[1\] is '2'; expected an integer"),
-    ({"s": "x" * 100}, _field("s", INT), r"s is 'x{50,}\.\.\.; expected an integer"),
+    ({"arch": ["9.0"]}, _field("arch", str | None), r"arch is a list \(1 items\); expected a string or null"),
+    ({"r": [[1, "2"]]}, _field("r", tuple[tuple[int, ...], ...]), r"r\[0\]\[1\] is '2'; expected an integer"),
+    ({"s": "x" * 100}, _field("s", int), r"s is 'x{50,}\.\.\.; expected an integer"),
+    ({"s": 1, "t": 2}, _field("s", int), r"^c\.json: t is 2, a key it does not have; expected only s$"),
 ])
 def test_typed_reading_names_the_field(value, read, match):
     with pytest.raises(InputError, match=match):

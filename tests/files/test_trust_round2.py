@@ -144,7 +144,7 @@ def test_the_loader_and_verify_rebuild_only_the_kernels_declared_types(cake_out,
     assert "\n" not in str(e.value) and "'layers.0'" in str(e.value) and str(e.value).startswith(str(out))
     with pytest.raises(Exception, match=match):
         mega_config(out, "layers.0", 0, device="cpu")
-    problems = verify(str(out))["problems"]
+    problems = verify(str(out)).problems
     assert len(problems) == 1 and "block 'layers.0' rank 0" in problems[0], problems
     assert re.search(match, problems[0]), problems
     assert refused(cli("verify", out), match).startswith("error: ")
@@ -157,7 +157,7 @@ def test_an_untouched_structure_loads_and_verifies(cake_out):
     obj = load_transformed_weights(cake_out, "layers.0", 0)
     assert type(obj).__module__ + ":" + type(obj).__qualname__ == CAKE_CLASS
     assert type(obj.hidden_size) is int and type(obj.has_shared_expert) is bool
-    assert verify(str(cake_out))["problems"] == []
+    assert verify(str(cake_out)).problems == []
 
 
 @pytest.mark.parametrize("kernel", [k for k in KERNELS if k.structure_classes], ids=lambda k: k.name)
@@ -414,7 +414,7 @@ def test_verify_deep_blames_a_source_rewritten_in_place(tiny_copy, tmp_path, rel
     out = tmp_path / "out"
     convert(str(tiny_copy), str(out), "bf16", shard_size="1MB")
     if rel is None:
-        assert verify(str(out), deep=True, src=str(tiny_copy))["problems"] == []
+        assert verify(str(out), deep=True, src=str(tiny_copy)).problems == []
         return
     _rewrite_in_place(tiny_copy / rel)
     with pytest.raises(
@@ -483,7 +483,7 @@ def test_a_manifest_linked_out_of_out_is_not_read(bf16_out_of, tmp_path, link):
         refused(cli("verify", out), rf"fimoe-manifest\.json: manifest 'fimoe-manifest\.json' is a link to {real}, "
                                     r"outside OUT .*; refusing it; the manifest is damaged")
     else:
-        assert verify(str(out))["files"] > 0
+        assert verify(str(out)).files > 0
 
 
 @pytest.mark.parametrize("name, ok", [
@@ -543,9 +543,9 @@ def test_exit_codes_of_flags_checked_before_work(tiny_ckpt, bf16_out_of, tmp_pat
 def test_a_stray_single_file_checkpoint_beside_the_index_fails_verify(bf16_out_of, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(bf16_out_of("1MB"), out)
-    assert verify(str(out))["problems"] == []
+    assert verify(str(out)).problems == []
     shutil.copy(next(out.glob("model-*.safetensors")), out / "model.safetensors")
-    assert verify(str(out))["problems"] == [f"{out / 'model.safetensors'}: not part of this output, and an engine "
+    assert verify(str(out)).problems == [f"{out / 'model.safetensors'}: not part of this output, and an engine "
                                             "that finds it beside the index may load it in place of the shards; move "
                                             f"it out of {out}"]
 

@@ -322,11 +322,11 @@ def test_dry_run_lists_files_and_bytes_and_sends_nothing(out_copy, hub):
     (out_copy / "notes.txt").write_text("local scratch")
     r = upload(str(out_copy), REPO, dry_run=True, endpoint=hub.url)
     want = expected_files(out_copy)
-    assert [f["file"] for f in r["list"]] == list(want)
-    assert {f["file"]: f["bytes"] for f in r["list"]} == {k: len(v) for k, v in want.items()}
-    assert r["bytes"] == sum(len(v) for v in want.values()) and r["files"] == len(want)
-    assert r["not_uploaded"] == ["notes.txt"] and r["token_found"] is True
-    assert TOKEN not in json.dumps(r)
+    assert [f.file for f in r.list] == list(want)
+    assert {f.file: f.bytes for f in r.list} == {k: len(v) for k, v in want.items()}
+    assert r.bytes == sum(len(v) for v in want.values()) and r.files == len(want)
+    assert r.not_uploaded == ["notes.txt"] and r.token_found is True
+    assert TOKEN not in json.dumps(r.to_json())
     assert hub.requests == []
 
     res = CliRunner().invoke(main, ["upload", str(out_copy), REPO, "--dry-run"])
@@ -377,12 +377,12 @@ def test_no_token_or_offline_is_refused_before_any_request(out_copy, hub, monkey
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(InputError, match="no Hugging Face token found: set HF_TOKEN or run `hf auth login`"):
         upload(str(out_copy), REPO, endpoint=hub.url)
-    assert upload(str(out_copy), REPO, dry_run=True)["token_found"] is False
+    assert upload(str(out_copy), REPO, dry_run=True).token_found is False
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(InputError, match="HF_HUB_OFFLINE is set: an upload needs the network"):
         upload(str(out_copy), REPO, endpoint=hub.url)
-    assert upload(str(out_copy), REPO, dry_run=True)["token_found"] is True
+    assert upload(str(out_copy), REPO, dry_run=True).token_found is True
     assert hub.requests == []
 
 
@@ -397,14 +397,14 @@ def test_upload_sends_exactly_the_manifest_files_with_the_configured_token(out_c
     assert set(hub.puts) == shards and len(hub.puts) == 3
     commits = hub.commits(REPO)
     assert len(commits) == 2 and sorted(commits[-1]["paths"]) == list(want)
-    assert r["commit"] == commits[-1]["sha"] and r["url"] == f"{hub.url}/{REPO}"
+    assert r.commit == commits[-1]["sha"] and r.url == f"{hub.url}/{REPO}"
     # The token went in the Authorization header of every Hub API call (LFS storage PUTs carry none,
     # as with pre-signed storage URLs) and appears in no output.
     api = [q for q in hub.requests if not q["path"].startswith("/lfs-storage/")]
     assert api and all(q["auth"] == f"Bearer {TOKEN}" for q in api)
     assert all(q["auth"] is None for q in hub.requests if q["path"].startswith("/lfs-storage/"))
     out, err = capfd.readouterr()
-    assert TOKEN not in out + err + caplog.text + json.dumps(r)
+    assert TOKEN not in out + err + caplog.text + json.dumps(r.to_json())
 
 
 def test_private_repo_on_a_new_branch(out_copy, hub):
@@ -412,7 +412,7 @@ def test_private_repo_on_a_new_branch(out_copy, hub):
     assert hub.repos[REPO]["private"] is True
     assert arrived(hub, REPO, "fimoe-bf16") == expected_files(out_copy)
     assert arrived(hub, REPO, "main") == {}
-    assert r["revision"] == "fimoe-bf16" and r["url"].endswith(f"{REPO}/tree/fimoe-bf16")
+    assert r.revision == "fimoe-bf16" and r.url.endswith(f"{REPO}/tree/fimoe-bf16")
     # Again into the existing repo and branch: create_repo and create_branch accept what exists,
     # and nothing changed, so nothing is sent and no commit is made.
     n_commits = len(hub.commits(REPO, "fimoe-bf16"))

@@ -24,7 +24,7 @@ def convert_both(repo: str, target: str, out: str, ref: str, cache: str, ref_cac
             os.environ.pop("HF_HUB_CACHE", None)
         else:
             os.environ["HF_HUB_CACHE"] = before
-    return {"bytes_fetched": res.bytes_fetched, "problems": verify(out)["problems"]}
+    return {"bytes_fetched": res.bytes_fetched, "problems": verify(out).problems}
 
 
 def serve() -> None:

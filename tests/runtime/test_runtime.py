@@ -387,7 +387,7 @@ def _check_mega_config(out: str, src: str) -> None:
 
     m = load_manifest(out)
     model = m.model
-    h, i = model["hidden_size"], model["moe_intermediate_size"]
+    h, i = model.hidden_size, model.moe_intermediate_size
     index = json.loads((Path(src) / "model.safetensors.index.json").read_text())["weight_map"]
 
     def stack(block, lo, hi, leg, kind):
@@ -405,7 +405,7 @@ def _check_mega_config(out: str, src: str) -> None:
             cfg = mega_config(out, block, int(rank), device="cpu")
             assert type(cfg) is me.MegaConfig and cfg.preprocess_weights is False
             assert type(cfg.megakernel) is me.Sm107_Mxfp8_Mxfp4_Bf16_Cutedsl_MegaMoeConfig
-            assert (cfg.megakernel.intermediate_size, cfg.megakernel.top_k) == (i, model["num_experts_per_tok"])
+            assert (cfg.megakernel.intermediate_size, cfg.megakernel.top_k) == (i, model.num_experts_per_tok)
             e8m0 = torch.float8_e8m0fnu
             pack = me.MoEWeightPack(
                 torch.cat([stack(block, lo, hi, "w1", "weight"), stack(block, lo, hi, "w3", "weight")], 1),
@@ -421,7 +421,7 @@ def _check_mega_config(out: str, src: str) -> None:
             backend = registry.create_mega_kernel(cfg.megakernel)
             bs = me.BootstrapConfig(world_size=m.ep_size, rank=int(rank))
             backend.bind_ep_bootstrap(bs)
-            fleet = me.FleetParams(num_experts=model["n_routed_experts"], max_tokens_per_rank=128, token_hidden_size=h)
+            fleet = me.FleetParams(num_experts=model.n_routed_experts, max_tokens_per_rank=128, token_hidden_size=h)
             backend.validate_transformed_weights(cfg.transformed_weights, bs, fleet)
             n += 1
     print(f"OK {n}")

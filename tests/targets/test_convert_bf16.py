@@ -91,7 +91,7 @@ def test_manifest_records_everything(tiny_ckpt, bf16_out):
     m = read_manifest(bf16_out, require_complete=True)
     assert m.schema == "fimoe-manifest/1" and m.complete is True
     assert m.tool.name == "fimoe-convert" and m.tool.torch
-    assert m.model["hidden_size"] == 256 and m.model["moe_blocks"] == 4
+    assert m.model.hidden_size == 256 and m.model.moe_blocks == 4
     assert m.target.name == "bf16"
     src_files = {p.name for p in tiny_ckpt.iterdir()}
     assert set(m.source.files) == src_files
@@ -107,18 +107,18 @@ def test_manifest_records_everything(tiny_ckpt, bf16_out):
 def test_verify_passes_then_fails_on_a_flipped_byte(bf16_out, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(bf16_out, out)
-    assert verify(str(out))["problems"] == []
+    assert verify(str(out)).problems == []
     shard = sorted(out.glob("model-*.safetensors"))[1]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    problems = verify(str(out))["problems"]
+    problems = verify(str(out)).problems
     assert len(problems) == 1 and shard.name in problems[0] and "sha256" in problems[0]
 
 
 def test_verify_deep_rederives_from_source(bf16_out):
     r = verify(str(bf16_out), deep=True)
-    assert r["problems"] == [] and r["deep_checked"] == 8
+    assert r.problems == [] and r.deep_checked == 8
 
 
 def test_two_runs_are_byte_identical(tiny_ckpt, bf16_out, tmp_path):
@@ -157,7 +157,7 @@ def test_resume_after_interrupt_gives_identical_output(tiny_ckpt, bf16_out, tmp_
     m = read_manifest(out)
     assert m.complete is False and "written" in m.status.values() and "pending" in m.status.values()
     assert not list(out.glob("*.fimoe-tmp")) and not (out / "model.safetensors.index.json").exists()
-    assert verify(str(out))["problems"]  # a torn OUT never verifies
+    assert verify(str(out)).problems  # a torn OUT never verifies
     res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="3MB", resume=True)
     assert 0 < res.shards_kept < res.shards
     assert folder_bytes(out) == folder_bytes(bf16_out)
@@ -218,7 +218,7 @@ def test_dry_run_writes_nothing(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
     res = convert(str(tiny_ckpt), str(out), "bf16", dry_run=True, shard_size="3MB")
     assert res.dry_run and not out.exists()
-    assert res.bytes_written == sum(r["bytes"] for r in res.plan) and res.free_disk > 0
+    assert res.bytes_written == sum(r.bytes for r in res.plan) and res.free_disk > 0
     assert res.bytes_read == sum(p.stat().st_size for p in tiny_ckpt.glob("*.safetensors")) - sum(
         8 + int.from_bytes(p.read_bytes()[:8], "little") for p in tiny_ckpt.glob("*.safetensors"))
 
@@ -275,7 +275,7 @@ def test_dense_bf16_dequantizes_every_fp8_linear_and_drops_quantization_config(t
     assert not any(t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu) for t in dst.values())
     cfg = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in cfg and "expert_dtype" not in cfg
-    assert verify(str(out), deep=True)["problems"] == []
+    assert verify(str(out), deep=True).problems == []
 
 
 def test_bf16_refuses_an_unknown_param(tiny_ckpt, tmp_path):

@@ -46,16 +46,16 @@ def test_bit_identical_to_flashinfer_preprocess(kernel_ckpt, tmp_path, target, p
 
 
 def test_targets_table_says_what_runs_here():
-    rows = {r["name"]: r for r in list_targets()}
+    rows = {r.name: r for r in list_targets()}
     for t, _ in CPU_TARGETS:
-        assert rows[t]["available_here"] is True and rows[t]["kernel_name"] == t
-    assert rows["sm100_nvfp4_nvfp4_bf16_cutedsl"]["vllm_moe_backend"] == "flashinfer_moe_ep_mega_cutedsl"
-    assert rows["sm100_nvfp4_nvfp4_bf16_cutedsl"]["needs_nvshmem"] is True
-    assert rows["sm100_fp8_fp4_bf16_deepgemm"]["vllm_moe_backend"] == "flashinfer_moe_ep_mega_deep_gemm"
-    assert rows["sm100_fp8_fp4_bf16_deepgemm"]["needs_nvshmem"] is False
+        assert rows[t].available_here is True and rows[t].kernel_name == t
+    assert rows["sm100_nvfp4_nvfp4_bf16_cutedsl"].vllm_moe_backend == "flashinfer_moe_ep_mega_cutedsl"
+    assert rows["sm100_nvfp4_nvfp4_bf16_cutedsl"].needs_nvshmem is True
+    assert rows["sm100_fp8_fp4_bf16_deepgemm"].vllm_moe_backend == "flashinfer_moe_ep_mega_deep_gemm"
+    assert rows["sm100_fp8_fp4_bf16_deepgemm"].needs_nvshmem is False
     import importlib.util
     if importlib.util.find_spec("deep_gemm") is None:
-        assert rows["sm100_fp8_fp4_bf16_deepgemm"]["why"] == "needs the 'deep_gemm' package (not installed)"
+        assert rows["sm100_fp8_fp4_bf16_deepgemm"].why == "needs the 'deep_gemm' package (not installed)"
 
 
 @pytest.mark.parametrize("gpu, want", [

@@ -82,7 +82,7 @@ def test_variant_copies_everything_else_byte_for_byte(variant):
             assert dst[name].dtype == t.dtype and same_bits(dst[name], t), name
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (variant["out"] / f).read_bytes() == (variant["src"] / f).read_bytes()
-    assert verify(str(variant["out"]), deep=True)["problems"] == []
+    assert verify(str(variant["out"]), deep=True).problems == []
 
 
 def test_variant_config_drops_expert_dtype_and_skips_the_experts(variant):
@@ -107,7 +107,7 @@ def test_variant_config_drops_expert_dtype_and_skips_the_experts(variant):
 def test_inspect_names_the_variant_and_the_targets_that_apply(variant):
     source = open_source(str(variant["src"]))
     assert variant_name(source.model, source.config) == variant["name"]
-    fits = inspect(str(variant["src"]))["targets"]
+    fits = inspect(str(variant["src"])).targets
     assert fits["bf16"] == "fits"
     fp4_consumers = [k.name for k in KERNELS if k.consumes == "fp4"]
     assert "fp8_block" in fp4_consumers

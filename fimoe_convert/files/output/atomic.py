@@ -7,10 +7,10 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import InputError
+from ...records import FileRecord
 from ..hashing import sha256
 from ..names import TMP_SUFFIX
 
@@ -36,12 +36,6 @@ def remove_own_temporaries(folder: Path) -> None:
         track_temporary(p, False)
 
 
-@dataclass(frozen=True)
-class WrittenFile:
-    size: int
-    sha256: str
-
-
 def write_failed(path: Path, e: OSError) -> InputError:
     """A one-line error for a failed write into OUT (disk full, quota, permissions), naming the file."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -63,10 +57,10 @@ def fsync_dir(path: Path) -> None:
 
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> WrittenFile:
+def atomic_write_bytes(path: Path, data: bytes) -> FileRecord:
     """Write `data` to `path` through a temporary name, fsync and rename."""
     atomic_write_stream(path, lambda f: f.write(data))
-    return WrittenFile(len(data), sha256(data).hexdigest())
+    return FileRecord(len(data), sha256(data).hexdigest())
 
 
 def atomic_write_stream(path: Path, fill) -> None:

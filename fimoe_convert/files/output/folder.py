@@ -6,29 +6,18 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import InputError
+from ...records import FileRecord, Manifest, OutIndex, VerifyResult, read_record
 from ..hashing import sha256_file
 from ..jsonfile import read_json
-from ..names import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, TMP_SUFFIX
+from ..names import INDEX_NAME, LOCK_NAME, MANIFEST_NAME, RANK_STATUS, TMP_SUFFIX
 from ..paths import name_problem
 from ..safetensors.header import read_header
 from ..safetensors.reader import read_tensors
 from .atomic import atomic_write_bytes, atomic_write_stream
-from .manifest import (
-    NONNEG,
-    OBJ,
-    RANK_STATUS,
-    STR,
-    Fields,
-    FileRecord,
-    Manifest,
-    dumps,
-    manifest_problem,
-    read_manifest,
-)
+from .manifest import dumps, manifest_problem, read_manifest
 
 SHARD_GLOB = "model-*-of-*.safetensors"
 COPY_BLOCK = 16 * 2**20  # bytes per read when copying SRC's small files (a tokenizer can be tens of MB)
@@ -66,21 +55,8 @@ def file_record(path: Path) -> FileRecord:
 def read_out_index(index_path: Path) -> tuple[dict[str, str], int]:
     """(weight_map, metadata.total_size) of OUT's index, checked."""
     data = read_json(index_path, "index", fix=OUT_DAMAGED)
-    f = Fields(str(index_path), OUT_DAMAGED)
-    f.value(data, OBJ, "")
-    weight_map = f.mapping(data, "weight_map", "", lambda v, p: f.value(v, STR, p))
-    return weight_map, f.get(f.obj(data, "metadata", ""), "total_size", NONNEG, "metadata")
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    files: int
-    bytes: int
-    problems: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    index = read_record(OutIndex, data, str(index_path), OUT_DAMAGED)
+    return index.weight_map, index.metadata.total_size
 
 
 def verify_files(out_dir: Path, manifest: Manifest | None = None, progress=None) -> VerifyResult:

@@ -14,9 +14,10 @@ import threading
 from pathlib import Path
 
 from ...budget import IO_BLOCK, STAGE_BLOCKS
+from ...records import FileRecord
 from ..hashing import sha256
 from ..names import TMP_SUFFIX
-from ..output.atomic import WrittenFile, fsync_dir, track_temporary, write_failed
+from ..output.atomic import fsync_dir, track_temporary, write_failed
 from .header import PlannedTensor, build_header
 
 DIRECT_ALIGN = 4096  # bytes: O_DIRECT wants buffer address, file offset and length aligned to this
@@ -306,7 +307,7 @@ class ShardWriter:
             raise AssertionError(f"{self.path.name}: tensor {self.planned[self._next - 1].name!r} "
                                  f"is missing {self._left} bytes")
 
-    def finish(self) -> WrittenFile:
+    def finish(self) -> FileRecord:
         self.end_tensor()
         if self._next != len(self.planned):
             raise AssertionError(f"{self.path.name}: {len(self.planned) - self._next} planned tensors not written")
@@ -318,7 +319,7 @@ class ShardWriter:
             fsync_dir(self.path.parent)
         except OSError as e:
             raise write_failed(self.path, e) from e
-        return WrittenFile(self._out.size, digest)
+        return FileRecord(self._out.size, digest)
 
     def abort(self) -> None:
         """Stop the threads, close and delete the temporary file (a failed flush of discarded bytes is ignored)."""
@@ -338,7 +339,7 @@ class ShardWriter:
 
 
 def write_file(path: Path, tensors: list[tuple[PlannedTensor, object]],
-               metadata: dict[str, str] | None = None) -> WrittenFile:
+               metadata: dict[str, str] | None = None) -> FileRecord:
     """Write a whole safetensors file from (planned tensor, data) pairs, data laid out in list order."""
     with ShardWriter(path, [p for p, _ in tensors], metadata) as w:
         for p, data in tensors:

@@ -19,8 +19,9 @@ from ...checkpoint import (
     parse_expert_name,
 )
 from ...errors import CONTROL, InputError, ValidationError
+from ...records import FileRecord, SourceConfig, SourceIndex, read_record
 from ..hashing import sha256_file
-from ..jsonfile import LIST, OBJ, STR, Fields, nullable, read_json
+from ..jsonfile import read_json
 from ..names import INDEX_NAME, SINGLE_NAME, TMP_SUFFIX, is_tool_name
 from ..paths import NAME_MAX, name_problem
 from ..safetensors.header import Header, TensorInfo, as_typed, read_header
@@ -31,12 +32,6 @@ MAX_EXAMPLES = 3  # missing tensors named per block in an error
 # Equal in two identity records: the same file, unchanged, not read again. ctime: every write sets it and nothing
 # sets it back (`cp -p` or `touch -r` restore size and mtime only).
 SAME_FILE = ("size", "mtime_ns", "ctime_ns", "inode")
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    size: int
-    sha256: str | None  # None until hashed
 
 
 @dataclass
@@ -57,7 +52,7 @@ class Source:
     extra_files: list[str]
     allowed: Path | None = None
     skipped: list[str] = field(default_factory=list)
-    identities: dict[str, dict] = field(default_factory=dict)
+    identities: dict[str, FileRecord] = field(default_factory=dict)
     remote: frozenset[str] = frozenset()  # shards described from their headers on the Hub, not downloaded
     _known_sha: dict[str, str] = field(default_factory=dict)
 
@@ -132,11 +127,11 @@ class Source:
         """name -> (safetensors dtype, shape) of every tensor but the routed experts, in the index's order."""
         return {n: (self.info(n).dtype, self.info(n).shape) for n in self.weight_map if parse_expert_name(n) is None}
 
-    def identity(self, rel: str) -> dict:
-        """{size, mtime_ns, ctime_ns, inode, dev} of an input file now (links followed: a Hub blob's own)."""
+    def identity(self, rel: str) -> FileRecord:
+        """The size, mtime_ns, ctime_ns, inode and dev of an input file now (links followed: a Hub blob's own)."""
         st = (self.root / rel).stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
-                "dev": st.st_dev}
+        return FileRecord(st.st_size, None, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, inode=st.st_ino,
+                          dev=st.st_dev)
 
     def hash_input(self, rel: str) -> str:
         """The sha256 of an input file, refused (InputError naming the file) when the file is not the one opened:
@@ -163,11 +158,11 @@ class Source:
             try:
                 now = self.identity(rel)
             except OSError as e:
-                now = {"size": None, "error": e.strerror}
+                now = e.strerror or e.__class__.__name__
             if now != first:
-                raise InputError(f"{self.root / rel}: changed while the conversion ran "
-                                 f"({identity_change(first, now)}); the output may hold its old bytes: convert again "
-                                 "with --overwrite once the source stays unchanged")
+                change = identity_change(first, now) if isinstance(now, FileRecord) else f"cannot read it: {now}"
+                raise InputError(f"{self.root / rel}: changed while the conversion ran ({change}); the output may "
+                                 "hold its old bytes: convert again with --overwrite once the source stays unchanged")
 
     def file_size(self, rel: str) -> int:
         """Bytes of an input file, 0 if it cannot be read (the error comes when it is read)."""
@@ -181,7 +176,7 @@ class Source:
         return sum(h.file_size for h in self.headers.values())
 
 
-def identity_change(old: dict, new: dict) -> str:
+def identity_change(old: FileRecord, new: FileRecord) -> str:
     """What differs between two identity records, in words ('size 10 -> 11 bytes, modified ...')."""
     def when(ns) -> str:
         if type(ns) is not int:
@@ -192,18 +187,17 @@ def identity_change(old: dict, new: dict) -> str:
             return str(ns)
 
     parts = []
-    if old.get("size") != new.get("size"):
-        parts.append(f"size {old.get('size')} -> {new.get('size')} bytes")
-    if old.get("mtime_ns") != new.get("mtime_ns"):
-        parts.append(f"modified {when(new.get('mtime_ns'))}, recorded {when(old.get('mtime_ns'))}")
-    elif old.get("ctime_ns") is None and new.get("ctime_ns") is not None:
+    if old.size != new.size:
+        parts.append(f"size {old.size} -> {new.size} bytes")
+    if old.mtime_ns != new.mtime_ns:
+        parts.append(f"modified {when(new.mtime_ns)}, recorded {when(old.mtime_ns)}")
+    elif old.ctime_ns is None and new.ctime_ns is not None:
         parts.append("its change time (ctime) was not recorded, so an in-place write cannot be ruled out")
-    elif old.get("ctime_ns") != new.get("ctime_ns"):
-        parts.append(f"written or its attributes changed {when(new.get('ctime_ns'))} (its modification time was "
-                     f"set back), recorded {when(old.get('ctime_ns'))}")
-    if old.get("inode") != new.get("inode") or old.get("dev") != new.get("dev"):
-        parts.append("replaced by another file (inode "
-                     f"{old.get('inode')} -> {new.get('inode')})")
+    elif old.ctime_ns != new.ctime_ns:
+        parts.append(f"written or its attributes changed {when(new.ctime_ns)} (its modification time was "
+                     f"set back), recorded {when(old.ctime_ns)}")
+    if old.inode != new.inode or old.dev != new.dev:
+        parts.append(f"replaced by another file (inode {old.inode} -> {new.inode})")
     return ", ".join(parts) or "no identity recorded"
 
 
@@ -392,20 +386,10 @@ def check_config(config, where: str, fix: str | None = None):
     """`config` (config.json's value) when the fields whose type the code relies on before the model spec checks
     the rest fit: an object, `quantization_config` and `text_config` objects or null, `architectures` a list of
     strings or null."""
-    f = Fields(where, fix)
-    f.value(config, OBJ, "")
-    f.get(config, "quantization_config", nullable(OBJ), "", None)
-    if f.get(config, "architectures", nullable(LIST), "", None) is not None:
-        f.strings(config, "architectures", "")
-    text = f.get(config, "text_config", nullable(OBJ), "", None)
-    if text is not None:
-        f.get(text, "quantization_config", nullable(OBJ), "text_config", None)
+    read_record(SourceConfig, config, where, fix)
     return config
 
 
 def index_weight_map(index, where: str, fix: str | None = None) -> dict[str, str]:
     """The index's weight_map (tensor name -> shard file name), typed; `metadata` an object or null."""
-    f = Fields(where, fix)
-    f.value(index, OBJ, "")
-    f.get(index, "metadata", nullable(OBJ), "", None)
-    return f.mapping(index, "weight_map", "", lambda v, p: f.value(v, STR, p))
+    return read_record(SourceIndex, index, where, fix).weight_map

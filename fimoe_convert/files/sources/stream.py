@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ...errors import InputError, UsageError
+from ...records import FileRecord
 from .http_range import Stop, read_range
 from .hub import HUB_PATTERNS, _is_repo_id, describing_files
 from .local import Source, open_source, summarized
@@ -218,12 +219,11 @@ class StreamedSource(Source):
         self.fetched = 0  # bytes received from the Hub, over all chunks and re-reads
         self.connections = CONNECTIONS
         for rel in self.remote:  # no local file: the identity of a Hub file at a pinned commit is its size
-            self.identities[rel] = {"size": self._shards[rel].size, "mtime_ns": 0, "ctime_ns": 0, "inode": 0,
-                                    "dev": 0}
+            self.identities[rel] = FileRecord(self._shards[rel].size, None, mtime_ns=0, ctime_ns=0, inode=0, dev=0)
 
     # -- files -------------------------------------------------------------------------------------------------
 
-    def identity(self, rel: str) -> dict:
+    def identity(self, rel: str) -> FileRecord:
         return self.identities[rel] if rel in self.remote else super().identity(rel)
 
     def file_size(self, rel: str) -> int:
