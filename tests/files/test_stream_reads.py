@@ -241,4 +241,4 @@ def test_a_stop_during_a_stalled_range_ends_at_once_and_resume_finishes(served, 
     res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
     assert res.shards_kept == len(kept)
     assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
-    assert verify(str(out))["problems"] == []
+    assert verify(str(out)).problems == []
