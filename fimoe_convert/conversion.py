@@ -183,11 +183,11 @@ def _convert(src: str, out_dir: Path, opts: ConvertOptions, t0: float, *, revisi
             _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, command)
             result.report = manifest.manifest.report
         group.barrier()
-    group.close()
-    if upload_repo:
-        from .publish import upload
+        if upload_repo and group.rank == 0:  # one upload per launch, under the lock this run holds
+            from . import publish
 
-        result.upload = upload(str(out_dir), upload_repo)
+            result.upload = publish.upload(str(out_dir), upload_repo, lock=False)
+    group.close()
     return _done(result, opts, t0)
 
 
@@ -268,9 +268,10 @@ def _check_stream_and_upload(src: str, offline: bool, revision: str | None, stre
             raise UsageError(f"--stream: WORLD_SIZE={world}; a streamed conversion runs in one process: "
                              "drop --stream, or run without torchrun")
     if upload_repo:
-        from .publish import check_repo_id
+        from .publish import check_access, check_repo_id
 
         check_repo_id(upload_repo, "--upload-repo")
+        check_access(upload_repo, flag="--upload-repo")  # the token, its rights and the network, before any tensor
 
 
 def _checked(group: Group, opening: Callable[[], Source], opts: ConvertOptions, out_dir: Path, resume: bool,

@@ -1,0 +1,208 @@
+"""Publishing you can trust: the bytes a commit holds are the bytes that were verified, OUT stays locked while they
+are sent, --upload-repo checks the token and the network before converting, a failed upload names the command that
+finishes it, and `upload` takes the flags `hf upload` users reach for. Against the fake Hub of test_upload.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_upload import REPO, TOKEN, arrived, expected_files, hub  # noqa: F401 (the fixture)
+
+import fimoe_convert.publish as publish
+from fimoe_convert import convert, upload
+from fimoe_convert.cli import main
+from fimoe_convert.errors import InputError
+from fimoe_convert.files.output.lock import OutLock
+
+
+@pytest.fixture
+def out_copy(bf16_out_of, tmp_path) -> Path:
+    return Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+
+
+def after_verify(monkeypatch, act):
+    """Run `act(out_dir)` right after upload's check of OUT, before anything is sent."""
+    real = publish.upload_plan
+
+    def plan(out, progress=None):
+        found = real(out, progress)
+        act(found[0])
+        return found
+
+    monkeypatch.setattr(publish, "upload_plan", plan)
+
+
+SIZES = pytest.mark.parametrize("small", [None, 0], ids=["from-memory", "from-descriptor"])
+
+
+def send_from_descriptor(monkeypatch, small):
+    """Large files (all of them with `small` 0) are sent from their open descriptor, small ones from memory."""
+    try:
+        import fimoe_convert.files.output.pinned as pinned
+    except ModuleNotFoundError:  # a tree without it sends every file by its name
+        return
+    if small is not None:
+        monkeypatch.setattr(pinned, "SMALL_FILE_BYTES", small)
+
+
+@SIZES
+def test_a_shard_swapped_for_a_link_after_verify_is_not_sent(out_copy, hub, monkeypatch, tmp_path, small):  # noqa: F811
+    send_from_descriptor(monkeypatch, small)
+    outside = tmp_path / "outside.bin"
+
+    def swap(out_dir):
+        shard = sorted(out_dir.glob("model-*.safetensors"))[1]
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        outside.write_bytes(bytes(data))
+        shard.unlink()
+        shard.symlink_to(outside)
+
+    after_verify(monkeypatch, swap)
+    with pytest.raises(InputError, match=r"model-00002-of-00003\.safetensors: is a symbolic link; upload sends only"):
+        upload(str(out_copy), REPO, endpoint=hub.url)
+    assert hashlib.sha256(outside.read_bytes()).hexdigest() not in hub.lfs
+    assert REPO not in hub.repos or arrived(hub, REPO) == {}
+
+
+@SIZES
+def test_bytes_changed_after_verify_are_not_committed(out_copy, hub, monkeypatch, small):  # noqa: F811
+    send_from_descriptor(monkeypatch, small)
+
+    def flip(out_dir):  # in place: the same file, other bytes, after the verify
+        with open(sorted(out_dir.glob("model-*.safetensors"))[1], "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+
+    after_verify(monkeypatch, flip)
+    with pytest.raises(InputError, match=r"model-00002-of-00003\.safetensors: sha256 [0-9a-f]{16}\.\.\. as sent, "
+                                         r"[0-9a-f]{16}\.\.\. in the manifest; it changed after it was verified"):
+        upload(str(out_copy), REPO, endpoint=hub.url)
+    assert REPO not in hub.repos or arrived(hub, REPO) == {}  # no commit
+
+
+def test_a_shard_swapped_for_a_link_while_it_is_sent_sends_the_verified_bytes(out_copy, hub, monkeypatch, tmp_path):  # noqa: F811
+    """A large file is sent from the descriptor opened (and checked) before: a link put in its place later is not
+    followed."""
+    send_from_descriptor(monkeypatch, 0)
+    want = expected_files(out_copy)
+    real_pin = publish.pin_files
+
+    def pin_then_swap(out_dir, records):
+        found = real_pin(out_dir, records)
+        shard = sorted(out_dir.glob("model-*.safetensors"))[1]
+        (tmp_path / "outside.bin").write_bytes(bytes(shard.stat().st_size))
+        shard.unlink()
+        shard.symlink_to(tmp_path / "outside.bin")
+        return found
+
+    monkeypatch.setattr(publish, "pin_files", pin_then_swap, raising=False)
+    upload(str(out_copy), REPO, endpoint=hub.url)
+    assert arrived(hub, REPO) == want
+
+
+def test_upload_holds_outs_lock_throughout(out_copy, hub, monkeypatch):  # noqa: F811
+    seen = []
+
+    def try_lock(out_dir):
+        other = OutLock(out_dir)
+        try:
+            other.acquire()
+            seen.append("acquired")
+            other.release()
+        except InputError as e:
+            seen.append(str(e))
+
+    after_verify(monkeypatch, try_lock)
+    upload(str(out_copy), REPO, endpoint=hub.url)
+    assert len(seen) == 1 and re.search(r"another fimoe-convert run is writing into it \(pid \d+", seen[0]), seen
+    assert arrived(hub, REPO) == expected_files(out_copy)
+    assert not (out_copy / ".fimoe-lock").exists()
+
+
+def test_upload_repo_publishes_while_the_conversion_holds_outs_lock(hub, tiny_ckpt, tmp_path, monkeypatch):  # noqa: F811
+    out, seen = tmp_path / "out", []
+    real = publish.upload
+
+    def upload_checking_the_lock(out_dir, repo_id, **kwargs):
+        try:
+            OutLock(Path(out_dir)).acquire()
+            seen.append("acquired")
+        except InputError as e:
+            seen.append(str(e))
+        return real(out_dir, repo_id, **kwargs)
+
+    monkeypatch.setattr(publish, "upload", upload_checking_the_lock)
+    res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo=REPO)
+    assert res.upload["files"] == 10
+    assert len(seen) == 1 and "another fimoe-convert run is writing into it" in seen[0], seen
+    assert arrived(hub, REPO) == expected_files(out)
+
+
+@pytest.mark.parametrize("who, match", [
+    (None, r"^--upload-repo fimoe-test/tiny-bf16: the Hub refuses the token \(HTTP 401\)"),
+    ({"name": "fimoe-test", "orgs": [], "auth": {"accessToken": {"role": "read"}}},
+     r"^--upload-repo fimoe-test/tiny-bf16: the token is read-only"),
+    ({"name": "someone", "orgs": [{"name": "other"}], "auth": {"accessToken": {"role": "write"}}},
+     r"^--upload-repo fimoe-test/tiny-bf16: the token is 'someone''s, who is not 'fimoe-test' nor a member of it"),
+    ({"name": "fimoe-test", "orgs": [], "auth": {"accessToken": {"role": "fineGrained", "fineGrained": {
+        "scoped": [{"entity": {"type": "user", "name": "fimoe-test"}, "permissions": ["repo.content.read"]}]}}}},
+     r"^--upload-repo fimoe-test/tiny-bf16: the fine-grained token has no write permission \(repo\.write\)"),
+], ids=["bad-token", "read-only", "other-namespace", "fine-grained-read"])
+def test_upload_repo_checks_the_token_and_its_rights_before_converting(hub, tiny_ckpt, tmp_path, who, match):  # noqa: F811
+    if who is None:
+        hub.tokens.clear()
+    else:
+        hub.tokens[TOKEN] = who
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=match):
+        convert(str(tiny_ckpt), str(out), "bf16", upload_repo=REPO)
+    assert not out.exists()  # nothing converted
+    assert TOKEN not in json.dumps(hub.requests[-1]["path"])
+
+
+def test_upload_repo_checks_the_network_before_converting(hub, tiny_ckpt, tmp_path, monkeypatch):  # noqa: F811
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"^--upload-repo fimoe-test/tiny-bf16: cannot reach http://127\.0\.0\.1:9 "):
+        convert(str(tiny_ckpt), str(out), "bf16", upload_repo=REPO)
+    assert not out.exists()
+
+
+def test_a_failed_upload_repo_names_the_command_that_finishes_it(hub, tiny_ckpt, tmp_path):  # noqa: F811
+    out = tmp_path / "out"
+    hub.fail_once("POST", r"/commit/")
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--shard-size", "4MB", "--upload-repo", REPO])
+    assert r.exit_code == 1
+    cmd = f"fimoe-convert upload {out} {REPO}"
+    assert f"finish it with `{cmd}`" in r.output, r.output
+    r = CliRunner().invoke(main, cmd.split()[1:])
+    assert r.exit_code == 0, r.output
+    assert arrived(hub, REPO) == expected_files(out)
+
+
+def test_upload_takes_hf_uploads_flags(out_copy, hub, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("HF_TOKEN")
+    args = ["upload", str(out_copy), REPO, "--token", TOKEN, "--commit-message", "tiny bf16",
+            "--commit-description", "made by the tests", "--private", "--revision", "v1"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert TOKEN not in r.output
+    assert hub.repos[REPO]["private"] is True and arrived(hub, REPO, "v1") == expected_files(out_copy)
+    assert hub.commits(REPO, "v1")[-1]["summary"] == "tiny bf16"
+    r = CliRunner().invoke(main, ["upload", str(out_copy), REPO, "--token", TOKEN, "--create-pr"])
+    assert r.exit_code == 0, r.output
+    assert len(hub.prs) == 1 and hub.prs[0]["files"] == expected_files(out_copy)
+    assert f"pull request: {hub.url}/{REPO}/discussions/1" in r.output
+    assert arrived(hub, REPO) == {}  # main untouched: the change waits in the pull request
