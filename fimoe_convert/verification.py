@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
-from .files.output.folder import output_tensor_bytes, read_output_tensors, verify_files
+from .files.output.folder import output_tensor_facts, read_output_tensors, verify_files
 from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .files.output.space import stray_single_file
 from .files.sources.local import Source, open_source
@@ -73,14 +73,15 @@ def structure_problems(out_dir: Path, manifest: Manifest) -> list[str]:
     if kernel.kernel_name is None:
         return []  # dense engines' outputs: tensors by name, no structure to rebuild
     try:
-        nbytes = output_tensor_bytes(out_dir)
+        nbytes, dtypes, shards = output_tensor_facts(out_dir)
     except InputError as e:
         return [str(e)]
     problems = []
     for layer, ranks in sorted(manifest.layers.items()):
         for rank, rec in sorted(ranks.items()):
             structure = rec.get("structure") if isinstance(rec, dict) else None
-            bad = structure_problem(structure, kernel.structure_classes, nbytes) if structure is not None else \
+            bad = structure_problem(structure, kernel.structure_classes, nbytes, dtypes, shards) \
+                if structure is not None else \
                 "no structure object"
             if bad:
                 problems.append(f"{where}: block {layer[:80]!r} rank {rank[:20]}: {bad}; {OUT_DAMAGED_HINT}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..files.output.folder import read_output_tensors
+from ..files.output.folder import output_tensor_facts, read_output_tensors
 from ..files.output.manifest import Manifest, read_manifest
 from ..kernels import BY_NAME
 from ..numerics.structure import structure_problem, tensor_names, unflatten
@@ -43,9 +43,11 @@ def load_transformed_weights(out_dir: str | Path | Manifest, layer: str, rank: i
         raise m.damaged(f"target {str(m.target.name)[:80]!r} with kernel {str(m.target.kernel_name)[:80]!r} "
                         "is not a kernel of this fimoe-convert (`fimoe-convert targets`)")
     bad = structure_problem(structure, kernel.structure_classes)
+    if bad is None:  # as verify checks it: against the shard headers, before a byte of a tensor is read
+        names = list(dict.fromkeys(tensor_names(structure)))  # each tensor read once, however often it is named
+        bad = structure_problem(structure, kernel.structure_classes, *output_tensor_facts(m.out_dir, names))
     if bad:
         raise m.damaged(f"block {layer!r} rank {rank}: {bad}")
-    names = tensor_names(structure)
     tensors = read_output_tensors(m.out_dir, names, device=device)
     try:
         return unflatten(structure, tensors, structure_classes(kernel))

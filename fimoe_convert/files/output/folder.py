@@ -184,17 +184,28 @@ def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") ->
     return out
 
 
-def output_tensor_bytes(out_dir: Path) -> dict[str, int]:
-    """{tensor name: stored bytes} from the headers of the shards the index names (only names inside OUT)."""
+def output_tensor_facts(out_dir: Path, names: list[str] | None = None
+                        ) -> tuple[dict[str, int], dict[str, str], dict[str, tuple[str, int]]]:
+    """({tensor: stored bytes}, {tensor: stored torch dtype name}, {tensor: (its shard, the tensor bytes of that
+    shard)}) from the headers of the shards the index names inside OUT (only those holding `names` when given): what
+    verify and the loader check a structure against, the same way."""
+    from ...dtypes import DTYPES
+
     index_path = Path(out_dir) / INDEX_NAME
     weight_map = read_out_index(index_path)[0]
-    found: dict[str, int] = {}
-    for rel in sorted(set(weight_map.values())):
+    wanted = set(weight_map.values()) if names is None else {weight_map[n] for n in names if n in weight_map}
+    nbytes: dict[str, int] = {}
+    dtypes: dict[str, str] = {}
+    shards: dict[str, tuple[str, int]] = {}
+    for rel in sorted(wanted):
         bad = name_problem(rel, Path(out_dir), str(index_path), "shard", "OUT")
         if bad:
             raise InputError(f"{bad}; {OUT_DAMAGED}")
-        found.update({n: info.nbytes for n, info in read_header(Path(out_dir) / rel).tensors.items()})
-    return found
+        tensors = read_header(Path(out_dir) / rel).tensors
+        total = sum(info.nbytes for info in tensors.values())
+        for n, info in tensors.items():
+            nbytes[n], dtypes[n], shards[n] = info.nbytes, DTYPES[info.dtype][1], (rel, total)
+    return nbytes, dtypes, shards
 
 
 def same_file_id(path: Path) -> tuple[int, int] | None:
