@@ -28,6 +28,7 @@ from .files.names import INDEX_NAME
 from .files.output.atomic import remove_own_temporaries
 from .files.output.folder import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.output.lock import OutLock
+from .files.sources.card import source_license
 from .files.output.manifest import (
     EpRecord,
     FileRecord,
@@ -503,7 +504,7 @@ def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Mani
     resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
     manifest.report = converter.merge_reports([manifest.files[s.filename].report for s in plan.shards])
-    write_text(out_dir / "README.md", model_card(manifest, command=command))
+    write_text(out_dir / "README.md", model_card(manifest, command, source_license(source.root, source.extra_files)))
     for rel in [INDEX_NAME, "config.json", "README.md", *copied]:
         manifest.files[rel] = file_record(out_dir / rel)
     manifest.complete = True

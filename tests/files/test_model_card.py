@@ -70,7 +70,7 @@ def test_bf16_card(bf16_out):
     d = card.data.to_dict()
     m = manifest(bf16_out)
     assert "base_model" not in d  # a local folder is no Hub base model
-    assert d["library_name"] == "fimoe-convert"
+    assert d["library_name"] == "transformers" and d["pipeline_tag"] == "text-generation"
     assert {"deepseek_v4", "fimoe-convert", "moe", "bf16"} <= set(d["tags"]) and "flashinfer" not in d["tags"]
     meta = d["fimoe_convert"]
     assert meta["source"] == {"folder": Path(m["source"]["spec"]).name}
@@ -100,7 +100,7 @@ def test_bf16_card(bf16_out):
 def test_megamoe_card(mm_out, tiny_ckpt):
     card = load_card(mm_out)
     d = card.data.to_dict()
-    assert d["library_name"] == "fimoe-convert" and "base_model" not in d
+    assert d["library_name"] == "flashinfer" and "base_model" not in d
     assert {"flashinfer", "sm90", "megamoe_sm90_mxfp4", "moe"} <= set(d["tags"])
     meta = d["fimoe_convert"]
     assert meta["target"] == meta["kernel_name"] == "megamoe_sm90_mxfp4"

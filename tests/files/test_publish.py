@@ -206,3 +206,25 @@ def test_upload_takes_hf_uploads_flags(out_copy, hub, monkeypatch):  # noqa: F81
     assert len(hub.prs) == 1 and hub.prs[0]["files"] == expected_files(out_copy)
     assert f"pull request: {hub.url}/{REPO}/discussions/1" in r.output
     assert arrived(hub, REPO) == {}  # main untouched: the change waits in the pull request
+
+
+@pytest.mark.parametrize("target, library", [("bf16", "transformers"), ("megamoe_sm90_mxfp4", "flashinfer")])
+def test_the_card_carries_the_sources_license_and_the_hubs_fields(tiny_copy, tmp_path, target, library):
+    from huggingface_hub import ModelCard
+
+    (tiny_copy / "README.md").write_text("---\nlicense: mit\nlibrary_name: transformers\n---\n\n# DeepSeek V4 tiny\n")
+    out = tmp_path / "out"
+    convert(str(tiny_copy), str(out), target)
+    d = ModelCard.load(out / "README.md").data.to_dict()
+    assert (d["license"], d["library_name"], d["pipeline_tag"]) == ("mit", library, "text-generation")
+    assert {"deepseek_v4", "moe", target} <= set(d["tags"])
+
+
+def test_the_card_of_a_hub_source_names_it_as_base_model(hub_cache, tmp_path):
+    from huggingface_hub import ModelCard
+    from reference import HUB_REPO
+
+    out = tmp_path / "out"
+    convert(HUB_REPO, str(out), "bf16", offline=True)
+    d = ModelCard.load(out / "README.md").data.to_dict()
+    assert d["base_model"] == HUB_REPO and d["pipeline_tag"] == "text-generation"
