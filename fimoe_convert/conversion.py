@@ -28,7 +28,6 @@ from .files.names import INDEX_NAME
 from .files.output.atomic import remove_own_temporaries
 from .files.output.folder import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
 from .files.output.lock import OutLock
-from .files.sources.card import source_license
 from .files.output.manifest import (
     EpRecord,
     FileRecord,
@@ -44,6 +43,7 @@ from .files.output.manifest import (
     write_rank_status,
 )
 from .files.output.space import reclaimable_bytes
+from .files.sources.card import source_license
 from .files.sources.hub import check_source
 from .files.sources.local import Source, open_source
 from .files.sources.stream import StreamedSource, check_stream_flags, end_early, open_streamed, stream_early
