@@ -395,15 +395,17 @@ def _presets_text() -> list[str]:
 @click.argument("out")
 @click.option("--deep", is_flag=True, help="Also re-derive a sample of units from the source, bit for bit.")
 @click.option("--src", default=None, help="The source to re-derive from (default: the one in the manifest).")
+@click.option("--revision", default=None, help="For a Hub repo id: its branch, tag or commit.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
-def verify_cmd(out, deep, src, as_json):
-    """Check every file of OUT against its manifest (exit 1 naming the first bad file)."""
+def verify_cmd(out, deep, src, revision, as_json):
+    """Check every file of OUT, a folder or a Hub repo id (ORG/NAME), against its manifest (exit 1 naming the first
+    bad file). A repo is checked by the Hub's sha256 of each file and its shards' headers: no shard is downloaded."""
     with console.signals_deferred():  # torch is imported here
         from .verification import verify
 
     progress = Progress("verifying", enabled=not as_json)
     try:
-        r = verify(out, deep=deep, src=src, progress=progress)
+        r = verify(out, deep=deep, src=src, progress=progress, revision=revision)
     finally:
         progress.close()
     if r["problems"]:

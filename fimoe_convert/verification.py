@@ -8,10 +8,12 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
-from .files.output.folder import output_tensor_facts, read_output_tensors, verify_files
+from .files.output.folder import output_tensor_facts, path_kind, read_output_tensors, verify_files
 from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .files.output.space import stray_single_file
+from .files.sources.hub import is_repo_id
 from .files.sources.local import Source, open_source
+from .files.sources.published import verify_published
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
@@ -19,11 +21,23 @@ from .plan import piece_rows
 from .targets import TargetOptions, get_kernel, make_target
 
 
-def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None) -> dict:
+def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = None, progress=None,
+           revision: str | None = None) -> dict:
     """Re-hash every output file against the manifest (in parallel; `progress(done bytes, total bytes)`) and check
     index, manifest and headers agree. With `deep`, check that the source is the one the output was converted from
     (sizes, and the sha256 of every input, hashed now), then re-derive `samples` units from it and compare them bit
-    for bit."""
+    for bit. `out` may be a Hub repo id (ORG/NAME, no such folder here; `revision`): its files are checked against
+    its manifest by the Hub's LFS sha256 and its shards' headers, read by range, with no download of the shards."""
+    if path_kind(out) == "missing" and is_repo_id(out):
+        if deep:
+            raise UsageError(f"verify {out} --deep: re-deriving units of a published conversion needs its files; "
+                             f"`hf download {out} --local-dir OUT`, then `fimoe-convert verify OUT --deep`")
+        report, manifest, facts = verify_published(out, revision, progress)
+        if not report["problems"]:
+            report["problems"] += structure_problems(Path(f"{out}@{report['revision']}"), manifest, facts)
+        return report
+    if revision is not None:
+        raise UsageError(f"--revision {revision}: only for a Hub repo id; {out!r} is a local folder")
     out_dir = Path(out)
     manifest = read_manifest(out_dir)
     # --deep: the source's identity first, so a wrong --src is said in seconds, before OUT is hashed
@@ -60,9 +74,10 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     return report
 
 
-def structure_problems(out_dir: Path, manifest: Manifest) -> list[str]:
+def structure_problems(out_dir: Path, manifest: Manifest, facts: tuple | None = None) -> list[str]:
     """Each block's stored structure checked as the runtime loader checks it (the kernel table's classes, each
-    tensor's bytes in the shard headers), without FlashInfer; one problem per bad block and rank."""
+    tensor's bytes in the shard headers), without FlashInfer; one problem per bad block and rank. `facts`: what the
+    shard headers say (output_tensor_facts), when they were read elsewhere (a published output's)."""
     where = out_dir / MANIFEST_NAME
     target = manifest.target
     kernel = BY_NAME.get(target.name)
@@ -73,7 +88,7 @@ def structure_problems(out_dir: Path, manifest: Manifest) -> list[str]:
     if kernel.kernel_name is None:
         return []  # dense engines' outputs: tensors by name, no structure to rebuild
     try:
-        nbytes, dtypes, shards = output_tensor_facts(out_dir)
+        nbytes, dtypes, shards = facts or output_tensor_facts(out_dir)
     except InputError as e:
         return [str(e)]
     problems = []

@@ -228,3 +228,64 @@ def test_the_card_of_a_hub_source_names_it_as_base_model(hub_cache, tmp_path):
     convert(HUB_REPO, str(out), "bf16", offline=True)
     d = ModelCard.load(out / "README.md").data.to_dict()
     assert d["base_model"] == HUB_REPO and d["pipeline_tag"] == "text-generation"
+
+
+# ------------------------------------------------------------------ verify ORG/NAME: a published conversion
+
+PUBLISHED, PUBLISHED_COMMIT = "fimoe-test/published-bf16", "d" * 40
+
+
+@pytest.fixture
+def published(bf16_out_of, tmp_path, monkeypatch):
+    """A bf16 OUT served as PUBLISHED@PUBLISHED_COMMIT by a fake Hub (shards in LFS, the rest in git)."""
+    import huggingface_hub.constants as hf_constants
+    from helpers.hub_files import HubFiles
+
+    folder = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "published"))
+    with HubFiles(PUBLISHED, folder, PUBLISHED_COMMIT) as h:
+        monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
+        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            h.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("HF_TOKEN", "")
+        yield h
+
+
+def shard_bytes_sent(served) -> list[str]:
+    return [r for m, p, r in served.requests if m == "GET" and p.endswith(".safetensors") and not
+            (r and int(r.split("-")[1]) < 2**20)]
+
+
+def test_verify_of_a_published_conversion_reads_no_shard(published):
+    from fimoe_convert import verify
+
+    r = verify(PUBLISHED)
+    assert r["problems"] == [] and r["files"] == 9 and r["revision"] == PUBLISHED_COMMIT
+    assert shard_bytes_sent(published) == []  # headers by range only
+    res = CliRunner().invoke(main, ["verify", PUBLISHED])
+    assert res.exit_code == 0 and "\nok: 9 files, 9.50 MB match the manifest" in res.output, res.output
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("shard", r"model-00002-of-00003\.safetensors: sha256 [0-9a-f]{16}\.\.\. on the Hub, manifest says "
+              r"[0-9a-f]{16}\.\.\.; the published file is not the one the manifest records"),
+    ("config.json", r"config\.json: sha256 [0-9a-f]{16}\.\.\. on the Hub, manifest says"),
+    ("missing", r"'tokenizer\.json' is listed in the manifest but not in the repo"),
+])
+def test_verify_of_a_published_conversion_names_the_file_that_differs(published, damage, problem):
+    from fimoe_convert import verify
+
+    folder = published.folder
+    if damage == "missing":
+        (folder / "tokenizer.json").unlink()
+    else:
+        path = sorted(folder.glob("model-*.safetensors"))[1] if damage == "shard" else folder / damage
+        data = bytearray(path.read_bytes())
+        data[-2] ^= 0x01
+        path.write_bytes(bytes(data))
+    r = verify(PUBLISHED)
+    assert len(r["problems"]) == 1 and re.search(problem, r["problems"][0]), r["problems"]
+    assert shard_bytes_sent(published) == []

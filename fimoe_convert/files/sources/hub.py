@@ -70,6 +70,9 @@ def _is_repo_id(spec: str) -> bool:
     return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
 
 
+is_repo_id = _is_repo_id
+
+
 def check_source(spec: str, revision: str | None, offline: bool) -> None:
     """SRC's checks that need neither torch nor a download (the CLI runs them before importing the converters):
     a folder, or a Hub repo id that the Hub has (one short request)."""
