@@ -50,7 +50,7 @@ from .files.sources.stream import StreamedSource, check_stream_flags, end_early,
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, check_flags
 from .pipeline.reads import shard_inputs, source_reads
-from .plan import OutShard, OutTensor, Plan, assign_shards, ep_ranges, merge_outputs, plan_shards
+from .plan import OutShard, Plan, assign_shards, ep_ranges, plan_shards, planned_tensors
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
@@ -353,10 +353,7 @@ def copied_files(source: Source) -> list[str]:
 def build_plan(source: Source, target, shard_size: int) -> Plan:
     """Copies of every non-expert tensor that no unit rewrites, plus the target's units; packed into shards."""
     units = target.all_units(source.non_expert_tensors())
-    rewritten = {n for u in units if u.dense for n in u.inputs}
-    tensors = [OutTensor(n, dtype, shape) for n, (dtype, shape) in source.non_expert_tensors().items()
-               if n not in rewritten]
-    tensors += merge_outputs(units)
+    tensors = planned_tensors(source.non_expert_tensors(), units)
     read = sum(source.info(n).nbytes for n in source.weight_map)
     return Plan(tuple(plan_shards(tensors, shard_size)), {u.key: u for u in units}, read)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, UsageError
-from .files.output.folder import output_tensor_facts, path_kind, read_output_tensors, verify_files
+from .files.names import INDEX_NAME
+from .files.output.folder import output_tensor_facts, path_kind, read_out_index, read_output_tensors, verify_files
 from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .files.output.space import stray_single_file
 from .files.sources.hub import is_repo_id
@@ -17,7 +18,7 @@ from .files.sources.published import verify_published
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
-from .plan import piece_rows
+from .plan import piece_rows, plan_shards, planned_tensors
 from .targets import TargetOptions, get_kernel, make_target
 
 
@@ -56,6 +57,10 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
                                    allow_lossy=o.allow_lossy, params=dict(o.params))
     converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
     units = converter.all_units(source.non_expert_tensors())
+    layout = layout_problem(out_dir, planned_tensors(source.non_expert_tensors(), units), o.shard_size)
+    if layout:  # the set of tensors and their shards, re-derived from SRC: a shard dropped with its records is seen
+        report["problems"].append(layout)
+        return report
     rows = piece_rows(units)  # a unit may write only some rows of a tensor
     step = max(1, len(units) // samples)
     for unit in units[::step][:samples]:
@@ -72,6 +77,20 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
         if report["problems"]:
             break
     return report
+
+
+def layout_problem(out_dir: Path, tensors: list, shard_size: int) -> str | None:
+    """The index's {tensor: shard} against what a conversion of the source with the manifest's options writes."""
+    want = {t.name: shard.filename for shard in plan_shards(tensors, shard_size) for t in shard.tensors}
+    have = read_out_index(out_dir / INDEX_NAME)[0]
+    if have == want:
+        return None
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    moved = sorted(n for n in set(want) & set(have) if want[n] != have[n])
+    said = "; ".join(f"{what} {len(names)}, e.g. {names[0]!r}" for what, names in
+                     (("missing", missing), ("not of this conversion", extra), ("in another shard", moved)) if names)
+    return (f"{out_dir / INDEX_NAME}: holds {len(have)} tensors, a conversion of the source with the manifest's "
+            f"options gives {len(want)} ({said}); {OUT_DAMAGED_HINT}")
 
 
 def structure_problems(out_dir: Path, manifest: Manifest, facts: tuple | None = None) -> list[str]:

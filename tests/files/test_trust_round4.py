@@ -65,3 +65,39 @@ def test_a_structure_naming_one_tensor_over_and_over_is_refused_by_verify_and_th
     monkeypatch.setattr(loader, "read_output_tensors", lambda *a, **k: pytest.fail("read before the check"))
     with pytest.raises(InputError, match=want):
         loader.load_transformed_weights(mega, "layers.0")
+
+
+def drop_last_shard(out: Path) -> str:
+    """Remove the last shard and every record of it (index, total_size, manifest): a consistent edit."""
+    shard = sorted(out.glob("model-*.safetensors"))[-1]
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    gone = [n for n, f in index["weight_map"].items() if f == shard.name]
+    from fimoe_convert.files.safetensors.header import read_header
+
+    index["metadata"]["total_size"] -= sum(i.nbytes for i in read_header(shard).tensors.values())
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if f != shard.name}
+    index_path.write_text(json.dumps(index))
+    shard.unlink()
+
+    def forget(d):
+        import hashlib
+
+        d["files"].pop(shard.name)
+        d["status"].pop(shard.name, None)
+        d["files"][index_path.name] = {**d["files"][index_path.name], "size": index_path.stat().st_size,
+                                       "sha256": hashlib.sha256(index_path.read_bytes()).hexdigest()}
+
+    edit_manifest(out, forget)
+    return gone[0]
+
+
+def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, tmp_path):
+    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    gone = drop_last_shard(out)
+    assert verify(str(out))["problems"] == []  # consistent records: only the source can tell
+    problems = verify(str(out), deep=True)["problems"]
+    want = (r"model\.safetensors\.index\.json: holds \d+ tensors, a conversion of the source with the manifest's "
+            rf"options gives \d+ \(missing \d+, e\.g\. '[^']+'\); the manifest is damaged")
+    assert len(problems) == 1 and re.search(want, problems[0]), problems
+    assert gone
