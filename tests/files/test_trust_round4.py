@@ -98,6 +98,6 @@ def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, 
     assert verify(str(out))["problems"] == []  # consistent records: only the source can tell
     problems = verify(str(out), deep=True)["problems"]
     want = (r"model\.safetensors\.index\.json: holds \d+ tensors, a conversion of the source with the manifest's "
-            rf"options gives \d+ \(missing \d+, e\.g\. '[^']+'\); the manifest is damaged")
+            r"options gives \d+ \(missing \d+, e\.g\. '[^']+'\); the manifest is damaged")
     assert len(problems) == 1 and re.search(want, problems[0]), problems
     assert gone
