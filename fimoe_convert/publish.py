@@ -10,20 +10,14 @@ import os
 import re
 from pathlib import Path
 
-from .errors import InputError, UsageError
+from .errors import InputError, UsageError, redact
 from .files.output.folder import file_sizes, path_kind, strays as stray_files, verify_files
 from .files.output.lock import OutLock
 from .files.output.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .files.output.pinned import changed, pin_bytes, pin_files
 from .sizes import human
 
-_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")
-
-
-def _redact(text: str, token: str | None) -> str:
-    if token:
-        text = text.replace(token, "<token>")
-    return _TOKEN_RE.sub("hf_<token>", text)
+_redact = redact
 
 
 def _glob_escape(name: str) -> str:

@@ -101,3 +101,40 @@ def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, 
             r"options gives \d+ \(missing \d+, e\.g\. '[^']+'\); the manifest is damaged")
     assert len(problems) == 1 and re.search(want, problems[0]), problems
     assert gone
+
+
+# ------------------------------------------------------------------ a Hub that echoes the Authorization header
+
+def test_a_token_echoed_by_the_hub_is_not_printed(monkeypatch):
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    from helpers.hub_files import QuietServer
+
+    import fimoe_convert.files.sources.http_range as http_range
+
+    token = "hf_EchoedTokenMustNotShow0123456789"
+
+    class Echo(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = json.dumps({"error": f"refused: {self.headers.get('Authorization')}"}).encode()
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = QuietServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(http_range, "BACKOFF_SECONDS", (0.0,))
+    try:
+        with pytest.raises(InputError) as e:
+            http_range.read_range(f"http://127.0.0.1:{server.server_address[1]}/org/x/resolve/main/a.safetensors",
+                                  0, 10, lambda view: None, token=token, where="org/x/a.safetensors")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "EchoedToken" not in str(e.value) and "refused: Bearer hf_<token>" in str(e.value), str(e.value)

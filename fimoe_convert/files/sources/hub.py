@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...errors import InputError, UsageError
+from ...errors import InputError, UsageError, redact
 from ..names import INDEX_NAME, MANIFEST_NAME
 from ..safetensors.header import MAX_HEADER_BYTES, Header, parse_header
 
@@ -238,8 +238,9 @@ def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[
         except InputError as e:
             return None, str(e)
         except OSError as e:  # huggingface_hub's HTTP errors; transport errors (_get raises them as ConnectionError)
-            return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
-                          f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
+            return None, redact(f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
+                                f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and "
+                                "token")
 
     results = _on_daemon_threads(one, list(dict.fromkeys(names)), HEADER_THREADS)
     return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]
