@@ -67,40 +67,62 @@ def test_a_structure_naming_one_tensor_over_and_over_is_refused_by_verify_and_th
         loader.load_transformed_weights(mega, "layers.0")
 
 
-def drop_last_shard(out: Path) -> str:
-    """Remove the last shard and every record of it (index, total_size, manifest): a consistent edit."""
-    shard = sorted(out.glob("model-*.safetensors"))[-1]
-    index_path = out / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text())
-    gone = [n for n, f in index["weight_map"].items() if f == shard.name]
+def drop_last_shard(out: Path, renumber: bool) -> None:
+    """Remove the last shard and every record of it (index, total_size, manifest): a consistent edit; with
+    `renumber`, the others renamed model-I-of-(N-1) everywhere too."""
+    import hashlib
+
     from fimoe_convert.files.safetensors.header import read_header
 
-    index["metadata"]["total_size"] -= sum(i.nbytes for i in read_header(shard).tensors.values())
-    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if f != shard.name}
+    shards = sorted(out.glob("model-*.safetensors"))
+    last = shards[-1]
+    names = {s.name: (s.name.replace(f"-of-{len(shards):05d}", f"-of-{len(shards) - 1:05d}") if renumber else s.name)
+             for s in shards[:-1]}
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["metadata"]["total_size"] -= sum(i.nbytes for i in read_header(last).tensors.values())
+    index["weight_map"] = {n: names[f] for n, f in index["weight_map"].items() if f != last.name}
     index_path.write_text(json.dumps(index))
-    shard.unlink()
+    last.unlink()
+    for old, new in names.items():
+        (out / old).rename(out / new)
 
     def forget(d):
-        import hashlib
-
-        d["files"].pop(shard.name)
-        d["status"].pop(shard.name, None)
+        d["files"].pop(last.name)
+        d["status"].pop(last.name, None)
+        d["files"] = {names.get(k, k): v for k, v in d["files"].items()}
+        d["status"] = {names.get(k, k): v for k, v in d["status"].items()}
         d["files"][index_path.name] = {**d["files"][index_path.name], "size": index_path.stat().st_size,
                                        "sha256": hashlib.sha256(index_path.read_bytes()).hexdigest()}
 
     edit_manifest(out, forget)
-    return gone[0]
+
+
+def test_a_shard_dropped_with_its_records_is_found_by_its_numbering(bf16_out_of, tmp_path):
+    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    drop_last_shard(out, renumber=False)
+    problems = verify(str(out))["problems"]
+    assert len(problems) == 1 and re.search(r"fimoe-manifest\.json: lists 2 shards named model-I-of-N, numbered "
+                                            r"\[1, 2\], for N = \[3\]; a shard is missing", problems[0]), problems
 
 
 def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, tmp_path):
     out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
-    gone = drop_last_shard(out)
-    assert verify(str(out))["problems"] == []  # consistent records: only the source can tell
+    drop_last_shard(out, renumber=True)
+    assert verify(str(out))["problems"] == []  # consistent records, numbered 1 to N: only the source can tell
     problems = verify(str(out), deep=True)["problems"]
     want = (r"model\.safetensors\.index\.json: holds \d+ tensors, a conversion of the source with the manifest's "
-            r"options gives \d+ \(missing \d+, e\.g\. '[^']+'\); the manifest is damaged")
+            r"options gives \d+ \(missing \d+, e\.g\. '[^']+'; in another shard \d+, e\.g\. '[^']+'\); the manifest "
+            r"is damaged")
     assert len(problems) == 1 and re.search(want, problems[0]), problems
-    assert gone
+
+
+def test_a_complete_manifest_with_an_empty_status_is_refused(bf16_out_of, tmp_path):
+    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    edit_manifest(out, lambda d: d.update(status={}))
+    problems = verify(str(out))["problems"]
+    assert len(problems) == 1 and re.search(r"shard 'model-00001-of-00003\.safetensors' is not recorded as written, "
+                                            r"yet complete is true", problems[0]), problems
 
 
 # ------------------------------------------------------------------ a Hub that echoes the Authorization header
@@ -138,3 +160,18 @@ def test_a_token_echoed_by_the_hub_is_not_printed(monkeypatch):
         server.shutdown()
         server.server_close()
     assert "EchoedToken" not in str(e.value) and "refused: Bearer hf_<token>" in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------ shard headers
+
+def test_a_shard_header_naming_a_tensor_twice_is_refused(tmp_path):
+    import struct
+
+    from fimoe_convert.files.safetensors.header import read_header
+
+    entry = '{"dtype":"U8","shape":[4],"data_offsets":[0,4]}'
+    header = ('{"w":' + entry + ',"w":' + entry + '}').encode()
+    path = tmp_path / "twice.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    with pytest.raises(InputError, match=r"twice\.safetensors: header names 'w' twice; the file is corrupt"):
+        read_header(path)

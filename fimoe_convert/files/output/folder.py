@@ -101,10 +101,14 @@ def verify_files(out_dir: Path, manifest: Manifest | None = None, progress=None)
         problems.append(f"{where}: lists {len(files)} files, {'no index' if INDEX_NAME not in files else 'an index'} "
                         f"and {len(shards)} shards; a complete conversion lists its index and its shards: convert "
                         "into this folder again with --overwrite")
-    unwritten = sorted(f for f, st in manifest.status.items() if st != "written" or f not in files)
+    unwritten = sorted({f for f, st in manifest.status.items() if st != "written" or f not in files} |
+                       {f for f in shards if manifest.status.get(f) != "written"})  # each shard recorded, and done
     if unwritten and manifest.complete is True:
         problems.append(f"{where}: shard {unwritten[0]!r} is not recorded as written, yet complete is true; the "
                         "manifest is damaged: convert into this folder again with --overwrite")
+    numbered = _numbering_problem(shards)
+    if numbered:
+        problems.append(f"{where}: {numbered}; a shard is missing with its records: {OUT_DAMAGED}")
     total = 0
     sized: list[Path] = []
     for rel in sorted(files):
@@ -132,6 +136,21 @@ def verify_files(out_dir: Path, manifest: Manifest | None = None, progress=None)
     if not problems:
         problems += _check_index(out_dir, shards)
     return VerifyResult(len(files), total, problems)
+
+
+def _numbering_problem(shards: list[str]) -> str | None:
+    """The shards named model-I-of-N must be N, numbered 1 to N (what the conversion writes)."""
+    import re
+
+    found = [m for rel in shards if (m := re.fullmatch(r"model-(\d{5})-of-(\d{5})\.safetensors", rel))]
+    if not found:
+        return None
+    counts = sorted({int(m.group(2)) for m in found})
+    numbers = sorted(int(m.group(1)) for m in found)
+    if len(counts) != 1 or numbers != list(range(1, counts[0] + 1)):
+        return (f"lists {len(found)} shards named model-I-of-N, numbered {numbers[:6]}"
+                f"{'...' if len(numbers) > 6 else ''}, for N = {counts[:3]}")
+    return None
 
 
 def _check_index(out_dir: Path, shards: list[str]) -> list[str]:
