@@ -45,7 +45,10 @@ def load_transformed_weights(out_dir: str | Path | Manifest, layer: str, rank: i
     bad = structure_problem(structure, kernel.structure_classes)
     if bad is None:  # as verify checks it: against the shard headers, before a byte of a tensor is read
         names = list(dict.fromkeys(tensor_names(structure)))  # each tensor read once, however often it is named
-        bad = structure_problem(structure, kernel.structure_classes, *output_tensor_facts(m.out_dir, names))
+        facts = output_tensor_facts(m.out_dir, names)
+        unlisted = sorted({rel for rel, _ in facts[2].values()} - set(m.files))
+        bad = (f"the index places its tensors in {unlisted[0]!r}, which the manifest does not list (verify refuses "
+               "it too)" if unlisted else structure_problem(structure, kernel.structure_classes, *facts))
     if bad:
         raise m.damaged(f"block {layer!r} rank {rank}: {bad}")
     tensors = read_output_tensors(m.out_dir, names, device=device)

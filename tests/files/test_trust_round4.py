@@ -175,3 +175,44 @@ def test_a_shard_header_naming_a_tensor_twice_is_refused(tmp_path):
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
     with pytest.raises(InputError, match=r"twice\.safetensors: header names 'w' twice; the file is corrupt"):
         read_header(path)
+
+
+def retype(shard: Path, name: str, old: str, new: str) -> None:
+    """Change one tensor's dtype in a shard header, keeping its length (and so every offset)."""
+    import struct
+
+    data = bytearray(shard.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    assert header[name]["dtype"] == old and len(old) == len(new)
+    header[name]["dtype"] = new
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    shard.write_bytes(bytes(data[:8]) + text + bytes(data[8 + n:]))
+
+
+def rehash(out: Path, rel: str) -> None:
+    import hashlib
+
+    edit_manifest(out, lambda d: d["files"][rel].update(size=(out / rel).stat().st_size,
+                                                          sha256=hashlib.sha256((out / rel).read_bytes()).hexdigest()))
+
+
+def test_a_retyped_shard_header_is_refused_by_verify_as_by_the_loader(mega):
+    name = "layers.0.ffn.experts.ep0.l1.weight_global_scale"
+    index = json.loads((mega / "model.safetensors.index.json").read_text())["weight_map"]
+    retype(mega / index[name], name, "F32", "I32")
+    rehash(mega, index[name])
+    want = r"tensor 'layers\.0\.ffn\.experts\.ep0\.l1\.weight_global_scale' is stored as int32"
+    problems = verify(str(mega))["problems"]
+    assert len(problems) == 1 and re.search(want + r", its node says float32", problems[0]), problems
+    with pytest.raises(InputError, match=want):
+        loader.load_transformed_weights(mega, "layers.0")
+
+
+def test_the_loader_refuses_a_shard_the_manifest_does_not_list(mega):
+    index = json.loads((mega / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = index["layers.0.ffn.experts.ep0.l1.weight"]
+    edit_manifest(mega, lambda d: d["files"].pop(shard))
+    assert verify(str(mega))["problems"]
+    with pytest.raises(InputError, match=rf"places its tensors in '{shard}', which the manifest does not list"):
+        loader.load_transformed_weights(mega, "layers.0")
