@@ -216,3 +216,33 @@ def test_the_loader_refuses_a_shard_the_manifest_does_not_list(mega):
     assert verify(str(mega))["problems"]
     with pytest.raises(InputError, match=rf"places its tensors in '{shard}', which the manifest does not list"):
         loader.load_transformed_weights(mega, "layers.0")
+
+
+# ------------------------------------------------------------------ --config
+
+def test_a_config_path_to_a_missing_file_is_not_the_shipped_preset(tmp_path):
+    from click.testing import CliRunner
+
+    from fimoe_convert.cli import main
+    from fimoe_convert.files.preset import preset_names
+
+    name = preset_names()[0]
+    r = CliRunner().invoke(main, ["SRC", str(tmp_path / "out"), "--config", f"nodir/{name}.toml"])
+    assert r.exit_code == 2, r.output
+    assert f"error: --config nodir/{name}.toml: no such file; the shipped preset of that name is --config {name}" \
+        in r.output
+
+
+@pytest.mark.parametrize("text", ["a = " + "[" * 5000 + "]" * 5000 + "\n", "a = " + "{b = " * 5000 + "1" + "}" * 5000],
+                         ids=["arrays", "inline-tables"])
+def test_a_preset_nested_thousands_deep_is_one_usage_line(tmp_path, text):
+    from click.testing import CliRunner
+
+    from fimoe_convert.cli import main
+
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    r = CliRunner().invoke(main, ["SRC", str(tmp_path / "out"), "--config", str(path)])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --config {path}: "), r.output
