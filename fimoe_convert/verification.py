@@ -43,7 +43,11 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     manifest = read_manifest(out_dir)
     # --deep: the source's identity first, so a wrong --src is said in seconds, before OUT is hashed
     source = _source(manifest, src, out_dir) if deep else None
-    res = verify_files(out_dir, manifest, progress)
+    try:
+        res = verify_files(out_dir, manifest, progress)
+    except FileNotFoundError as e:  # a file removed between the listing and its hashing: OUT is being rewritten
+        raise InputError(f"{e.filename or out_dir}: vanished while OUT was verified; a conversion into {out_dir} "
+                         "(--overwrite, --resume) is running or just ran: verify again once it has ended") from None
     report = {"files": res.files, "bytes": res.bytes, "problems": res.problems, "deep_checked": 0}
     if not res.problems:
         res.problems.extend(structure_problems(out_dir, manifest))

@@ -246,3 +246,23 @@ def test_a_preset_nested_thousands_deep_is_one_usage_line(tmp_path, text):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: --config {path}: "), r.output
+
+
+def test_verify_racing_a_rewrite_of_out_says_so(bf16_out_of, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import fimoe_convert.files.hashing as hashing
+    from fimoe_convert.cli import main
+
+    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    real = hashing.hash_files
+
+    def overwritten_meanwhile(paths, progress=None, threads=None):
+        paths[0].unlink()  # what --overwrite does first, after verify listed the files
+        return real(paths, progress, threads)
+
+    monkeypatch.setattr(hashing, "hash_files", overwritten_meanwhile)
+    r = CliRunner().invoke(main, ["verify", str(out)])
+    assert r.exit_code == 1
+    assert re.search(r"^error: .*: vanished while OUT was verified; a conversion into .* is running or just ran",
+                     r.output, re.M), r.output
