@@ -266,3 +266,44 @@ def test_verify_racing_a_rewrite_of_out_says_so(bf16_out_of, tmp_path, monkeypat
     assert r.exit_code == 1
     assert re.search(r"^error: .*: vanished while OUT was verified; a conversion into .* is running or just ran",
                      r.output, re.M), r.output
+
+
+# ------------------------------------------------------------------ a Hub file list naming a path outside the repo
+
+@pytest.mark.parametrize("bad", ["../x.json", "/x.json"])
+def test_a_hub_file_list_naming_a_path_outside_the_repo_is_one_line(tiny_ckpt, tmp_path, monkeypatch, bad):
+    import hashlib
+
+    import huggingface_hub.constants as hf_constants
+    from helpers.hub_files import HubFiles
+
+    from fimoe_convert.files.sources.stream import open_streamed
+
+    repo, commit = "org/tiny-v4", "e" * 40
+    with HubFiles(repo, tiny_ckpt, commit) as hub:
+        def tree(h):  # the real listing, plus one entry whose path leaves the repo
+            entries = [{"type": "file", "path": p.name, "size": p.stat().st_size,
+                        "oid": hashlib.sha1(b"blob %d\0" % p.stat().st_size + p.read_bytes()).hexdigest(),
+                        **({"lfs": {"oid": hashlib.sha256(p.read_bytes()).hexdigest(), "size": p.stat().st_size,
+                                    "pointerSize": 134}} if p.suffix == ".safetensors" else {})}
+                       for p in sorted(tiny_ckpt.iterdir()) if p.is_file()]
+            entries.append({"type": "file", "path": bad, "size": 2, "oid": "0" * 40})
+            payload = json.dumps(entries).encode()
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            h.wfile.write(payload)
+
+        hub._tree = tree
+        monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        want = r"^SRC 'org/tiny-v4': the Hub's file list names a path outside the repo \(.*" + re.escape(repr(bad))
+        with pytest.raises(InputError, match=want):
+            open_streamed(repo, None)
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "cache" / "x.json").exists()

@@ -121,6 +121,8 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
                          "check the repo id, --revision and your token (HF_TOKEN)") from None
+    except ValueError as e:  # huggingface_hub refuses a listed name that leaves the repo ('..', absolute)
+        raise InputError(outside_repo(spec, e)) from None
     except OSError as e:  # the cache folder, or a transfer error huggingface_hub raises as an OSError
         raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
                          "pass --offline to use the local cache") from None
@@ -210,6 +212,12 @@ def reach_hub(repo_id: str, revision: str | None) -> None:
         raise InputError(f"SRC {repo_id!r}: cannot reach the Hub at {constants.ENDPOINT} (no network? "
                          f"{e.__class__.__name__}); pass --offline to use the local cache, or run `fimoe-convert "
                          "download SRC` where there is network") from None
+
+
+def outside_repo(spec: str, e: ValueError) -> str:
+    """The line for a Hub file list that names a path outside the repo."""
+    return (f"SRC {spec!r}: the Hub's file list names a path outside the repo ({' '.join(str(e).split())[:200]}); "
+            "nothing was written for it: the repo is damaged, convert another revision or ask its owner")
 
 
 def describing_files(repo_id: str, revision: str | None) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ...errors import InputError, UsageError
 from .http_range import Stop, read_range
-from .hub import HUB_PATTERNS, _is_repo_id, describing_files
+from .hub import HUB_PATTERNS, _is_repo_id, describing_files, outside_repo
 from .local import Source, open_source, summarized
 
 CONNECTIONS = 4  # source shards read at once: one connection each (a Hub CDN serves one at a few hundred MB/s)
@@ -112,6 +112,8 @@ def _open_streamed(spec: str, revision: str | None) -> "StreamedSource":
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); check the repo id, "
                          "--revision and your token (HF_TOKEN)") from None
+    except ValueError as e:  # huggingface_hub refuses a listed name that leaves the repo ('..', absolute)
+        raise InputError(outside_repo(spec, e)) from None
     except OSError as e:
         raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); "
                          "check the network") from None
