@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_stream import served  # noqa: F401 - a fake Hub serving the tiny checkpoint
 
 import fimoe_convert.runtime.loader as loader
 from fimoe_convert import convert, verify
@@ -307,3 +308,26 @@ def test_a_hub_file_list_naming_a_path_outside_the_repo_is_one_line(tiny_ckpt, t
         with pytest.raises(InputError, match=want):
             open_streamed(repo, None)
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "cache" / "x.json").exists()
+
+
+# ------------------------------------------------------------------ --stream: the header read and the header streamed
+
+def test_a_streamed_header_other_than_the_planned_one_is_refused(served, tmp_path):  # noqa: F811
+    """The Hub answers the header read (the first MB) with w1 and w3 of one expert swapped, and the stream with the
+    file it records: the plan would cut each from the other's bytes."""
+    from test_stream import REPO
+
+    shard = "model-00001-of-00004.safetensors"  # over the 1 MB of the header read
+    size = (served.folder / shard).stat().st_size
+
+    def swapped_in_the_header_read(name, start, part):
+        if name != shard or len(part) == size:
+            return part
+        a, b = b"layers.0.ffn.experts.0.w1.weight", b"layers.0.ffn.experts.0.w3.weight"
+        return part.replace(a, b"\0" * len(a)).replace(b, a).replace(b"\0" * len(a), b)
+
+    served.fault = swapped_in_the_header_read
+    want = (rf"{REPO}/{shard}@c{{40}}: the header streamed differs from the one read to plan the conversion "
+            r"\(e\.g\. \['layers\.0\.ffn\.experts\.0\.w[13]\.weight'\]")
+    with pytest.raises(InputError, match=want):
+        convert(REPO, str(tmp_path / "out"), "bf16", stream=True)

@@ -29,6 +29,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ...errors import InputError, UsageError
+from ..safetensors.header import parse_header
 from .http_range import Stop, read_range
 from .hub import HUB_PATTERNS, _is_repo_id, describing_files, outside_repo
 from .local import Source, open_source, summarized
@@ -121,6 +122,18 @@ def _open_streamed(spec: str, revision: str | None) -> "StreamedSource":
     source = StreamedSource(**{f.name: getattr(base, f.name) for f in fields(Source) if f.init})
     source.attach()
     return source
+
+
+def _same_header(head: bytes, planned, size: int, where: str) -> None:
+    """The header at the start of the streamed bytes is the one the plan cut its tensors by: a Hub that served other
+    bytes to the header read than to the stream, at one commit, is refused before a tensor is taken."""
+    got = parse_header(head[:8], lambda n: head[8:8 + n], size, where)
+    if got.tensors != planned.tensors or got.data_start != planned.data_start:
+        differ = sorted(n for n in set(got.tensors) | set(planned.tensors)
+                        if got.tensors.get(n) != planned.tensors.get(n))
+        raise InputError(f"{where}: the header streamed differs from the one read to plan the conversion (e.g. "
+                         f"{differ[:1] or ['its length']}); the Hub served two versions of the file at one commit: "
+                         "run again, or download the repo first (drop --stream)")
 
 
 class StreamedSource(Source):
@@ -274,11 +287,17 @@ class StreamedSource(Source):
         git = hashlib.sha1(b"blob %d\0" % shard.size) if len(shard.etag) == 40 else None
         spans, at, pos = shard.spans, 0, 0  # next span, file offset
         cur: dict = {}  # the tensor being received: name, start, end, and buf (kept) or blake (skipped) or neither
+        planned = self.headers[shard.rel]
+        head = bytearray()  # the streamed header, compared with the one the plan was made from before any tensor
 
         def sink(view: memoryview) -> None:
             nonlocal at, pos
             if self._closed:
                 raise Stop
+            if len(head) < planned.data_start:
+                head.extend(view[:planned.data_start - len(head)])
+                if len(head) == planned.data_start:
+                    _same_header(bytes(head), planned, shard.size, where)
             sha256.update(view)
             if git is not None:
                 git.update(view)
