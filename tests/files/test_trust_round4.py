@@ -331,3 +331,55 @@ def test_a_streamed_header_other_than_the_planned_one_is_refused(served, tmp_pat
             r"\(e\.g\. \['layers\.0\.ffn\.experts\.0\.w[13]\.weight'\]")
     with pytest.raises(InputError, match=want):
         convert(REPO, str(tmp_path / "out"), "bf16", stream=True)
+
+
+# ------------------------------------------------------------------ a signal during the first request to the Hub
+
+@pytest.mark.parametrize("args", [lambda t: ["inspect", "org/tiny-v4"], lambda t: ["org/tiny-v4", str(t / "out")],
+                                  lambda t: ["org/tiny-v4", str(t / "out"), "--stream"]],
+                         ids=["inspect", "convert", "stream"])
+def test_sigterm_during_a_stalled_first_request_ends_the_command_at_once(tmp_path, args):
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from test_reliability import child_env
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    asked = threading.Event()
+    held = []
+
+    def accept():  # take the connection, read the request, answer nothing
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            conn.recv(65536)
+            asked.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = child_env(HF_ENDPOINT=f"http://127.0.0.1:{server.getsockname()[1]}", HF_HUB_CACHE=str(tmp_path / "cache"),
+                    HF_HUB_DISABLE_TELEMETRY="1", HF_TOKEN="", FIMOE_DEBUG="", HF_HUB_OFFLINE=None)
+    proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", *args(tmp_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert asked.wait(60), "the HEAD never came"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        server.close()
+        for c in held:
+            c.close()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert took < 2.0, took  # the HEAD's own timeout is 5 s
+    assert err.strip().splitlines()[-1].startswith("error: interrupted (SIGTERM)"), err
