@@ -289,3 +289,25 @@ def test_verify_of_a_published_conversion_names_the_file_that_differs(published,
     r = verify(PUBLISHED)
     assert len(r["problems"]) == 1 and re.search(problem, r["problems"][0]), r["problems"]
     assert shard_bytes_sent(published) == []
+
+
+def test_under_torchrun_one_rank_uploads(tiny_ckpt, tmp_path):
+    import subprocess
+    import sys
+
+    from test_trust_round3 import _free_port
+    from test_upload import FakeHub
+
+    out = tmp_path / "out"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(_free_port()), "-m", "fimoe_convert", str(tiny_ckpt), str(out), "--shard-size",
+              "1MB", "-q", "--upload-repo", REPO]
+    with FakeHub() as fake:
+        env = {**os.environ, "HF_ENDPOINT": fake.url, "HF_TOKEN": TOKEN, "HF_HOME": str(tmp_path / "hf-home"),
+               "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost"}
+        env.pop("HF_HUB_OFFLINE", None)
+        r = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        creates = [q for q in fake.requests if q["path"] == "/api/repos/create"]
+        assert len(creates) == 1, [q["path"] for q in fake.requests]
+        assert arrived(fake, REPO) == expected_files(out)
