@@ -385,7 +385,7 @@ def _first_manifest(source: Source, converter, opts: ConvertOptions, plan: Plan,
     return Manifest(
         tool=Tool(**tool_versions()),
         options=Options(**opts.record()),
-        source=SourceRecord(source.spec, source.repo_id, source.revision, files),
+        source=SourceRecord(recorded_spec(source), source.repo_id, source.revision, files),
         model=model.to_json(),
         target=TargetRecord(**converter.record()),
         ep=EpRecord(ep_size, tuple(tuple(r) for r in ep_ranges(model.n_routed_experts, ep_size))),
@@ -400,7 +400,15 @@ def _source_record(source: Source, hashes: dict[str, str]) -> SourceRecord:
     """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
     elsewhere give the same manifest)."""
     files = {rel: SourceFile(source.identities[rel]["size"], hashes[rel]) for rel in source.input_files()}
-    return SourceRecord(source.spec, source.repo_id, source.revision, files)
+    return SourceRecord(recorded_spec(source), source.repo_id, source.revision, files)
+
+
+def recorded_spec(source: Source) -> str:
+    """SRC as the manifest names it, with no path of the converting machine: a Hub repo as id@commit, a folder by
+    its name (`verify --deep` then takes it relative to where it runs, or --src)."""
+    if source.repo_id:
+        return f"{source.repo_id}@{source.revision}" if source.revision else source.repo_id
+    return source.root.name
 
 
 def hash_inputs(source: Source, files: list[str], threads: int, manifest: LiveManifest | None = None

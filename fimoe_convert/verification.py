@@ -133,13 +133,14 @@ def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
     """The source to re-derive from, checked against what the manifest recorded of it before any unit is compared,
     so that a wrong --src is blamed, not a good output."""
     rec = manifest.source
-    spec = src or rec.spec
+    spec = src or rec.repo_id or rec.spec  # a Hub repo by id (and the recorded revision), a folder by name
     try:
         source = open_source(spec, revision=rec.revision, offline=True)
     except UsageError as e:
         if src is None and not Path(spec).is_absolute():
-            raise UsageError(f"verify --deep: the manifest records the source as {spec!r}, a path relative to where "
-                             f"the conversion ran, which is not found from here; pass --src PATH") from None
+            raise UsageError(f"verify --deep: the manifest records the source as {spec!r}, a folder named relative to "
+                             f"where the conversion ran (an output names no path of its machine), which is not "
+                             f"found from here; pass --src PATH") from None
         raise e
     problems = []
     for rel, want in sorted(rec.files.items()):

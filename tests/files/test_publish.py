@@ -311,3 +311,17 @@ def test_under_torchrun_one_rank_uploads(tiny_ckpt, tmp_path):
         creates = [q for q in fake.requests if q["path"] == "/api/repos/create"]
         assert len(creates) == 1, [q["path"] for q in fake.requests]
         assert arrived(fake, REPO) == expected_files(out)
+
+
+def test_nothing_the_output_carries_names_a_path_of_the_converting_machine(tiny_copy, tmp_path, hub_cache):
+    from reference import HUB_COMMIT, HUB_REPO
+
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    convert(str(tiny_copy), str(local), "bf16")
+    convert(HUB_REPO, str(remote), "bf16", offline=True)
+    for out, spec in ((local, tiny_copy.name), (remote, f"{HUB_REPO}@{HUB_COMMIT}")):
+        assert json.loads((out / "fimoe-manifest.json").read_text())["source"]["spec"] == spec
+        for f in out.iterdir():
+            data = f.read_bytes()
+            for path in {str(tmp_path), str(tiny_copy), str(hub_cache), os.path.expanduser("~")} - {"~"}:
+                assert path.encode() not in data, (f.name, path)
