@@ -274,7 +274,7 @@ def test_verify_of_a_published_conversion_reads_no_shard(published):
               r"[0-9a-f]{16}\.\.\.; the published file is not the one the manifest records"),
     ("config.json", r"config\.json: sha256 [0-9a-f]{16}\.\.\. on the Hub, manifest says"),
     ("missing", r"'tokenizer\.json' is listed in the manifest but not in the repo"),
-])
+], ids=["shard", "config", "missing"])
 def test_verify_of_a_published_conversion_names_the_file_that_differs(published, damage, problem):
     from fimoe_convert import verify
 
