@@ -107,11 +107,11 @@ def test_a_shard_dropped_with_its_records_is_found_by_its_numbering(bf16_out_of,
                                             r"\[1, 2\], for N = \[3\]; a shard is missing", problems[0]), problems
 
 
-def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, tmp_path):
+def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, tiny_ckpt, tmp_path):
     out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
     drop_last_shard(out, renumber=True)
     assert verify(str(out))["problems"] == []  # consistent records, numbered 1 to N: only the source can tell
-    problems = verify(str(out), deep=True)["problems"]
+    problems = verify(str(out), deep=True, src=str(tiny_ckpt))["problems"]
     want = (r"model\.safetensors\.index\.json: holds \d+ tensors, a conversion of the source with the manifest's "
             r"options gives \d+ \(missing \d+, e\.g\. '[^']+'; in another shard \d+, e\.g\. '[^']+'\); the manifest "
             r"is damaged")
