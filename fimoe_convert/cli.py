@@ -405,15 +405,17 @@ def _presets_text() -> list[str]:
 @click.argument("out")
 @click.option("--deep", is_flag=True, help="Also re-derive a sample of units from the source, bit for bit.")
 @click.option("--src", default=None, help="The source to re-derive from (default: the one in the manifest).")
+@click.option("--revision", default=None, help="For a Hub repo id: its branch, tag or commit.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
-def verify_cmd(out, deep, src, as_json):
-    """Check every file of OUT against its manifest (exit 1 naming the first bad file)."""
+def verify_cmd(out, deep, src, revision, as_json):
+    """Check every file of OUT, a folder or a Hub repo id (ORG/NAME), against its manifest (exit 1 naming the first
+    bad file). A repo is checked by the Hub's sha256 of each file and its shards' headers: no shard is downloaded."""
     with console.signals_deferred():  # torch is imported here
         from .verification import verify
 
     progress = Progress("verifying", enabled=not as_json)
     try:
-        r = verify(out, deep=deep, src=src, progress=progress)
+        r = verify(out, deep=deep, src=src, progress=progress, revision=revision)
     finally:
         progress.close()
     if r.problems:
@@ -429,22 +431,30 @@ def verify_cmd(out, deep, src, as_json):
 @main.command("upload")
 @click.argument("out")
 @click.argument("repo_id")
+@click.option("--token", default=None, help="Hugging Face token (default: HF_TOKEN or `hf auth login`'s); never "
+              "printed.")
 @click.option("--private", is_flag=True, help="Create the repo private (an existing public repo is refused).")
 @click.option("--revision", default=None, help="Branch to upload to (created if missing).")
+@click.option("--commit-message", default=None, help="The commit's summary.")
+@click.option("--commit-description", default=None, help="The commit's description.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request with the files instead of committing to the "
+              "branch.")
 @click.option("--dry-run", is_flag=True, help="Check OUT and list its files and bytes; upload nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
-def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
+def upload_cmd(out, repo_id, token, private, revision, commit_message, commit_description, create_pr, dry_run,
+               as_json):
     """Publish a complete, verified OUT to the Hub repo REPO_ID (note: OUT first, the reverse of `hf upload`).
 
-    The token comes from HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
-    Hub. An interrupted upload resumes when the same command runs again."""
+    The token comes from --token, HF_TOKEN or `hf auth login` and is never printed; HF_ENDPOINT picks the
+    Hub. An interrupted upload is finished by the same command (what reached the Hub is not sent again)."""
     from .publish import upload
 
     ctx = click.get_current_context()
-    ctx.meta[ON_INTERRUPT] = "run the same command again to resume (what reached the Hub is not sent again)"
+    ctx.meta[ON_INTERRUPT] = "run the same command again to finish (what reached the Hub is not sent again)"
     progress = Progress("checking OUT", enabled=not as_json)
     try:
-        r = upload(out, repo_id, private=private, revision=revision, dry_run=dry_run, progress=progress)
+        r = upload(out, repo_id, private=private, revision=revision, dry_run=dry_run, progress=progress, token=token,
+                   commit_message=commit_message, commit_description=commit_description, create_pr=create_pr)
     finally:
         progress.close()
     where = f"{repo_id}@{r.revision}"
@@ -455,6 +465,8 @@ def upload_cmd(out, repo_id, private, revision, dry_run, as_json):
                           *[f"  not uploaded (not in the manifest): {one_line(f)}" for f in r.not_uploaded],
                           "token: " + ("found (not shown)" if r.token_found else
                                        "none found: set HF_TOKEN or run `hf auth login` before uploading")])
+    elif r.get("pr_url"):
+        text = f"uploaded {plural(r['files'], 'file')}, {r['human']} to {repo_id}, pull request: {r['pr_url']}"
     else:
         text = f"uploaded {plural(r.files, 'file')}, {r.human} to {where}: {r.url} (commit {r.commit})"
     _emit(r, as_json, text)

@@ -28,13 +28,14 @@ from .files.output.folder import check_out, copy_file, file_record, free_disk, p
 from .files.output.lock import OutLock
 from .files.output.manifest import LiveManifest, remove_rank_status, write_manifest
 from .files.output.space import reclaimable_bytes
+from .files.sources.card import source_license
 from .files.sources.hub import check_source
 from .files.sources.local import Source, open_source
 from .files.sources.stream import StreamedSource, end_early, open_streamed, stream_early
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, Request, check_flags
 from .pipeline.reads import source_reads
-from .plan import OutShard, OutTensor, Plan, assign_shards, merge_outputs, plan_shards
+from .plan import OutShard, Plan, assign_shards, plan_shards, planned_tensors
 from .records import ConvertResult, IndexMetadata, Manifest, OutIndex, PlanRow, Status
 from .targets import make_target
 
@@ -137,11 +138,11 @@ def _convert(req: Request, opts: ConvertOptions, t0: float) -> ConvertResult:
             _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, req.command)
             result.report = manifest.manifest.report
         group.barrier()
-    group.close()
-    if req.upload_repo:
-        from .publish import upload
+        if req.upload_repo and group.rank == 0:  # one upload per launch, under the lock this run holds
+            from .publish import upload
 
-        result.upload = upload(str(out_dir), req.upload_repo)
+            result.upload = upload(str(out_dir), req.upload_repo, lock=False)
+    group.close()
     return _done(result, opts, t0)
 
 
@@ -276,10 +277,7 @@ def copied_files(source: Source) -> list[str]:
 def build_plan(source: Source, target, shard_size: int) -> Plan:
     """Copies of every non-expert tensor that no unit rewrites, plus the target's units; packed into shards."""
     units = target.all_units(source.non_expert_tensors())
-    rewritten = {n for u in units if u.dense for n in u.inputs}
-    tensors = [OutTensor(n, dtype, shape) for n, (dtype, shape) in source.non_expert_tensors().items()
-               if n not in rewritten]
-    tensors += merge_outputs(units)
+    tensors = planned_tensors(source.non_expert_tensors(), units)
     read = sum(source.info(n).nbytes for n in source.weight_map)
     return Plan(tuple(plan_shards(tensors, shard_size)), {u.key: u for u in units}, read)
 
@@ -333,7 +331,7 @@ def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Mani
     resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
     manifest.report = converter.merge_reports([manifest.files[s.filename].report for s in plan.shards])
-    write_text(out_dir / "README.md", model_card(manifest, command=command))
+    write_text(out_dir / "README.md", model_card(manifest, command, source_license(source.root, source.extra_files)))
     for rel in [INDEX_NAME, "config.json", "README.md", *copied]:
         manifest.files[rel] = file_record(out_dir / rel)
     manifest.complete = True

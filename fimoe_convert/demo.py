@@ -33,7 +33,7 @@ def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None
     for target in DEMO_TARGETS:
         out = work / f"out-{target}"
         res = convert(str(src), str(out), target, ep_size=2 if target != "bf16" else 1)
-        ver = verify(str(out), deep=True)
+        ver = verify(str(out), deep=True, src=str(src))
         status = "ok" if not ver.problems else "FAILED: " + ver.problems[0]
         say(f"converted to {target}: {plural(res.shards, 'shard')}, {human(res.bytes_written)} in {res.seconds:.2f} s; "
             f"verify --deep: {status} ({plural(ver.files, 'file')}, {plural(ver.deep_checked, 'unit')} re-derived)")

@@ -8,6 +8,17 @@ import re
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # NUL, newline, escape...: in no name of a checkpoint or an output
 
 
+_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{8,}")  # Hugging Face user and org tokens
+
+
+def redact(text: str, token: str | None = None) -> str:
+    """`text` without `token` nor anything shaped like a Hugging Face token: a server may echo the Authorization
+    header in an error, and every error is printed."""
+    if token:
+        text = text.replace(token, "<token>")
+    return _TOKEN_RE.sub("hf_<token>", text)
+
+
 def one_line(text: str) -> str:
     """`text` with control characters (a newline in a flag's value or a file name) escaped: one problem, one line."""
     return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)

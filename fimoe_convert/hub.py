@@ -29,8 +29,13 @@ def _fallback_command(manifest: Manifest) -> str:
     return " ".join(parts)
 
 
-def model_card(manifest: Manifest, command: str | None = None) -> str:
-    """README.md text for a converted checkpoint: huggingface_hub's ModelCard, YAML header first.
+PIPELINE_TAG = "text-generation"
+
+
+def model_card(manifest: Manifest, command: str | None = None, license: dict[str, str] | None = None) -> str:
+    """README.md text for a converted checkpoint: huggingface_hub's ModelCard, YAML header first, as the Hub expects
+    of a derived model: base_model (the source repo), the source's `license` ({license, license_name,
+    license_link} from its card), the library that loads it, pipeline_tag and tags.
 
     Deterministic (no dates, sorted keys) so that two conversions give the same bytes."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -57,7 +62,8 @@ def model_card(manifest: Manifest, command: str | None = None) -> str:
         "versions": {"fimoe-convert": tool.version, "torch": tool.torch, "flashinfer": tool.flashinfer,
                      "safetensors": tool.safetensors},
     }
-    data = ModelCardData(base_model=base, library_name=LIBRARY_NAME, tags=sorted(tags), fimoe_convert=meta)
+    data = ModelCardData(base_model=base, library_name=kind.library_name(), pipeline_tag=PIPELINE_TAG,
+                         tags=sorted(tags), fimoe_convert=meta, **(license or {}))
     name = base or Path(src.spec).name
     lines = [
         f"# {name} for `{target.name}`",

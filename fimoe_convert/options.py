@@ -118,9 +118,10 @@ class Request:
                 raise UsageError(f"--stream: WORLD_SIZE={world}; a streamed conversion runs in one process: "
                                  "drop --stream, or run without torchrun")
         if self.upload_repo:
-            from .publish import check_repo_id
+            from .publish import check_access, check_repo_id
 
             check_repo_id(self.upload_repo, "--upload-repo")
+            check_access(self.upload_repo, flag="--upload-repo")  # token, rights, network: before any tensor
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,14 @@ def merge_outputs(units: list[Unit]) -> list[OutTensor]:
     return out
 
 
+def planned_tensors(non_expert: dict[str, tuple[str, tuple[int, ...]]], units: list[Unit]) -> list[OutTensor]:
+    """Every output tensor of a conversion: a copy of each non-expert tensor (name -> (dtype, shape)) that no unit
+    rewrites, then the units' outputs."""
+    rewritten = {n for u in units if u.dense for n in u.inputs}
+    return [OutTensor(n, dtype, shape) for n, (dtype, shape) in non_expert.items() if n not in rewritten] + \
+        merge_outputs(units)
+
+
 def piece_rows(units: list[Unit]) -> dict[tuple[str, str], tuple[int, int]]:
     """(unit key, tensor name) -> the rows [lo, hi) of that tensor the unit writes."""
     rows: dict[tuple[str, str], tuple[int, int]] = {}

@@ -479,6 +479,7 @@ class UploadResult(Record):
     token_found: bool
     commit: str | None = field(default=None, metadata=OMIT_NONE)
     url: str | None = field(default=None, metadata=OMIT_NONE)
+    pr_url: str | None = field(default=None, metadata=OMIT_NONE)  # --create-pr: the pull request opened
 
 
 @dataclass
@@ -516,6 +517,8 @@ class VerifyResult(Record):
     bytes: int
     problems: list[str]
     deep_checked: int = 0
+    repo_id: str | None = field(default=None, metadata=OMIT_NONE)  # a published output's (verify ORG/NAME)
+    revision: str | None = field(default=None, metadata=OMIT_NONE)  # ... and the commit checked
 
     @property
     def ok(self) -> bool:

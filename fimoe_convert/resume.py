@@ -124,7 +124,7 @@ def first_manifest(source: Source, converter, options: Options, plan: Plan, kept
                                 "sha256": carried.get(rel) or source.known_sha256(rel)})
              for rel in source.input_files()}
     return Manifest(tool=versions.tool(), options=options, model=source.model.geometry(),
-                    source=SourceRecord(spec=source.spec, repo_id=source.repo_id, revision=source.revision,
+                    source=SourceRecord(spec=recorded_spec(source), repo_id=source.repo_id, revision=source.revision,
                                         files=files),
                     target=converter.record(), ep=converter.ep_record(),
                     layers=converter.layers_record(list(plan.units.values())), files=dict(kept),
@@ -136,7 +136,7 @@ def source_record(source: Source, hashes: dict[str, str]) -> SourceRecord:
     """The complete manifest's `source`: size and sha256 of every input (no identity: the same files copied
     elsewhere give the same manifest)."""
     files = {rel: FileRecord(source.identities[rel].size, hashes[rel]) for rel in source.input_files()}
-    return SourceRecord(spec=source.spec, repo_id=source.repo_id, revision=source.revision, files=files)
+    return SourceRecord(spec=recorded_spec(source), repo_id=source.repo_id, revision=source.revision, files=files)
 
 
 def local_inputs(source: Source) -> list[str]:
@@ -173,3 +173,11 @@ def record_sha(source: Source, manifest: LiveManifest, rel: str, sha: str) -> No
         rec.sha256 = sha
 
     manifest.update(add, defer=True)
+
+
+def recorded_spec(source: Source) -> str:
+    """SRC as the manifest names it, with no path of the converting machine: a Hub repo as id@commit, a folder by
+    its name (`verify --deep` then takes it relative to where it runs, or --src)."""
+    if source.repo_id:
+        return f"{source.repo_id}@{source.revision}" if source.revision else source.repo_id
+    return source.root.name

@@ -30,6 +30,7 @@ def _presets_dir() -> Path:
 
 
 PRESETS_DIR = _presets_dir()
+REPO_DIR = "configs"  # the presets' folder in the repository: configs/NAME.toml names a preset from anywhere
 
 
 def preset_names() -> list[str]:
@@ -53,8 +54,11 @@ def preset_path(config: str | Path) -> Path:
         return path
     names = preset_names()
     name = path.stem if path.suffix == ".toml" else path.name
-    if name in names and (path.suffix == ".toml" or len(path.parts) == 1):
+    bare = len(path.parts) == 1 or path.parent.as_posix() == REPO_DIR
+    if name in names and bare:
         return PRESETS_DIR / f"{name}.toml"
+    if name in names:  # a path that names a missing file is no preset name: say so, not load another file
+        raise UsageError(f"--config {config}: no such file; the shipped preset of that name is --config {name}")
     close = close_names(name, names)
     raise UsageError(f"--config {config}: no such preset or file; "
                      + (f"did you mean {' or '.join(close)}? " if close else "")
@@ -76,14 +80,26 @@ def load_preset(path: str | Path) -> dict:
         raise UsageError(f"--config {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"--config {path}: not valid TOML ({e})") from None
+    except RecursionError:  # tables or arrays nested thousands deep: no preset is
+        raise UsageError(f"--config {path}: nested deeper than Python's parser goes; a preset is a flat list of "
+                         "keys (fimoe-convert targets lists the presets)") from None
     problems = []
     for key, value in data.items():
         if key not in KEYS:
             problems.append(f"--config {path}: unknown key {key!r}; expected some of {', '.join(KEYS)}")
         elif key in ("model", "params") and not (isinstance(value, str) if key == "model" else (
                 isinstance(value, dict) and all(isinstance(v, str) for v in value.values()))):
-            problems.append(f"--config {path}: {key} is {value!r}; expected a "
+            problems.append(f"--config {path}: {key} is {_short(value)}; expected a "
                             + ("string" if key == "model" else "table of strings (--param KEY=VALUE)"))
     if problems:
         raise UsageError("; ".join(problems), problems)
     return data
+
+
+def _short(value) -> str:
+    """A value read from a preset, shown in at most a line (its repr may be nested thousands deep)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "(nested too deep to show)"
+    return text if len(text) <= 80 else text[:77] + "..."

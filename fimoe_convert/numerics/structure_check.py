@@ -34,11 +34,20 @@ def stored_nbytes(node: dict) -> int:
     return count * ITEMSIZE[node["dtype"]]
 
 
-def structure_problem(node, classes: dict[str, dict[str, str]], nbytes: dict[str, int] | None = None) -> str | None:
+STORED_AS_BYTES = {"float4_e2m1fn_x2"}  # torch dtypes a shard stores as uint8 bytes
+
+
+def structure_problem(node, classes: dict[str, dict[str, str]], nbytes: dict[str, int] | None = None,
+                      dtypes: dict[str, str] | None = None, shards: dict[str, tuple[str, int]] | None = None
+                      ) -> str | None:
     """Why `node` may not be rebuilt, naming the node by its path, or None. `classes`: {"module:qualname":
     {field: "tensor" | "int" | "bool" | "float" | "str"}} of the kernel; `nbytes`: {tensor name: stored bytes},
-    when known (verify reads them from the shard headers), checked against each tensor node."""
+    when known (verify and the loader read them from the shard headers), checked against each tensor node, as are
+    `dtypes` ({tensor name: stored torch dtype name}); `shards` ({tensor name: (its shard, the tensor bytes that
+    shard holds)}): the bytes of all tensor nodes together may not exceed those of the shards they name (a tensor
+    named over and over would be rebuilt as many times)."""
     count = [0]
+    mentioned = [0]
 
     def walk(n, path: str, depth: int, kind: str | None) -> str | None:
         count[0] += 1
@@ -82,11 +91,31 @@ def structure_problem(node, classes: dict[str, dict[str, str]], nbytes: dict[str
                     f"{str(n['shape'])[:80]}: expected a name, a dtype of {', '.join(ITEMSIZE)} and a list of sizes")
         if "stride" in n and not (_dims(n["stride"]) and len(n["stride"]) == len(n["shape"])):
             return f"{path}: tensor {n['tensor']!r} has stride {str(n['stride'])[:80]} for shape {n['shape']}"
+        want = stored_nbytes(n)
+        mentioned[0] += want
         if nbytes is not None:
-            have, want = nbytes.get(n["tensor"]), stored_nbytes(n)
+            have = nbytes.get(n["tensor"])
             if have != want:
                 held = "is not in the output" if have is None else f"holds {have} bytes"
                 return f"{path}: tensor {n['tensor']!r} {held}; its node ({n['dtype']} {n['shape']}) needs {want}"
+        stored = (dtypes or {}).get(n["tensor"])
+        if stored is not None and stored != n["dtype"] and not (n["dtype"] in STORED_AS_BYTES and stored == "uint8"):
+            return f"{path}: tensor {n['tensor']!r} is stored as {stored}, its node says {n['dtype']}"
         return None
 
-    return walk(node, "structure", 0, None)
+    bad = walk(node, "structure", 0, None)
+    if bad is None and shards is not None:
+        held = {shards[name] for name in tensor_node_names(node) if name in shards}
+        budget = sum(size for _, size in held)
+        if mentioned[0] > budget:
+            return (f"structure: its tensor nodes come to {mentioned[0]} bytes, more than the {budget} tensor bytes of "
+                    f"the {len(held)} shard(s) they name; a tensor is named over and over")
+    return bad
+
+
+def tensor_node_names(node: dict) -> list[str]:
+    """Every tensor name a (checked) structure mentions, in order, repeats included."""
+    if "tensor" in node:
+        return [node["tensor"]]
+    children = node.get("tuple") or node.get("list") or list(node.get("fields", {}).values())
+    return [n for child in children for n in tensor_node_names(child)]

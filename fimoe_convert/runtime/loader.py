@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..files.output.folder import read_output_tensors
+from ..files.output.folder import output_tensor_facts, read_output_tensors
 from ..files.output.manifest import read_manifest
 from ..kernels import BY_NAME
 from ..numerics.structure import structure_problem, tensor_names, unflatten
@@ -44,9 +44,14 @@ def load_transformed_weights(out_dir: str | Path | Manifest, layer: str, rank: i
         raise m.damaged(f"target {str(m.target.name)[:80]!r} with kernel {str(m.target.kernel_name)[:80]!r} "
                         "is not a kernel of this fimoe-convert (`fimoe-convert targets`)")
     bad = structure_problem(structure, kernel.structure_classes)
+    if bad is None:  # as verify checks it: against the shard headers, before a byte of a tensor is read
+        names = list(dict.fromkeys(tensor_names(structure)))  # each tensor read once, however often it is named
+        facts = output_tensor_facts(m.out_dir, names)
+        unlisted = sorted({rel for rel, _ in facts[2].values()} - set(m.files))
+        bad = (f"the index places its tensors in {unlisted[0]!r}, which the manifest does not list (verify refuses "
+               "it too)" if unlisted else structure_problem(structure, kernel.structure_classes, *facts))
     if bad:
         raise m.damaged(f"block {layer!r} rank {rank}: {bad}")
-    names = tensor_names(structure)
     tensors = read_output_tensors(m.out_dir, names, device=device)
     try:
         return unflatten(structure, tensors, structure_classes(kernel))

@@ -53,6 +53,10 @@ class Family:
     def load_heading(self) -> str:
         return "Load:"
 
+    def library_name(self) -> str:
+        """The model card's library_name: the library that loads an output of this family."""
+        return "transformers"
+
     def serve_lines(self, target) -> list[str]:
         """The model card's serve commands for an output of `target` (docs/SERVING.md has the details)."""
         dense_bf16 = target.parameters.get("dense") == "bf16"
@@ -111,6 +115,9 @@ class KernelFamily(Family):
 
     def load_heading(self) -> str:
         return "Load with the fimoe-convert runtime shim (no load-time transform):"
+
+    def library_name(self) -> str:
+        return "flashinfer"  # FlashInfer's kernels run these layouts, loaded through fimoe_convert.runtime
 
     def serve_lines(self, target) -> list[str]:
         return ["# FlashInfer's megakernel through fimoe_convert.runtime (below); no engine reads this layout as is"]

@@ -108,7 +108,7 @@ def test_inspect_describes_a_converted_output(tiny_ckpt, tmp_path, target, says)
     assert run(str(tiny_ckpt), str(out), "--target", target, "--allow-lossy", "-q").exit_code == 0
     r = run("inspect", str(out))
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith(f"{out}: {says}\nconverted from {tiny_ckpt} by fimoe-convert 0.1.0: ")
+    assert r.stdout.startswith(f"{out}: {says}\nconverted from {tiny_ckpt.name} by fimoe-convert 0.1.0: ")
     assert json.loads(run("inspect", str(out), "--json").stdout)["converted"] is True
 
 

@@ -132,7 +132,7 @@ def test_verbose_shows_the_steps(tiny_ckpt, tmp_path, flag, expect):
     assert "fimoe-convert: plan" not in run(tiny_ckpt, tmp_path / "quiet").stderr
 
 
-def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tmp_path):
+def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tiny_ckpt, tmp_path):
     from fimoe_convert.testing import make_checkpoint
 
     other = make_checkpoint(tmp_path / "other", "tiny", seed=7)
@@ -145,7 +145,7 @@ def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tmp_path):
         r.stderr,
         re.M,
     ), r.stderr
-    assert run("verify", bf16_out, "--deep").exit_code == 0
+    assert run("verify", bf16_out, "--deep", "--src", tiny_ckpt).exit_code == 0
 
 
 def test_verify_deep_from_elsewhere_with_a_relative_source_names_src(tiny_ckpt, tmp_path):
@@ -159,8 +159,8 @@ def test_verify_deep_from_elsewhere_with_a_relative_source_names_src(tiny_ckpt, 
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.splitlines()[-1] == (
-        "error: verify --deep: the manifest records the source as 'ckpt', a path "
-        "relative to where the conversion ran, which is not found from here; pass --src PATH"
+        "error: verify --deep: the manifest records the source as 'ckpt', a folder named relative to where the "
+        "conversion ran (an output names no path of its machine), which is not found from here; pass --src PATH"
     )
     r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep", "--src", "work/ckpt"],
                        cwd=tmp_path, capture_output=True, text=True)
@@ -231,7 +231,7 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
 
 @pytest.mark.parametrize("args, label", [
     (["verify", "{out}"], "verifying"),
-    (["verify", "{out}", "--deep"], "verifying"),
+    (["verify", "{out}", "--deep", "--src", "{src}"], "verifying"),
     (["upload", "{out}", "org/name", "--dry-run"], "checking OUT"),
     (["{src}", "{out}", "--resume"], "checking kept shards"),
 ])

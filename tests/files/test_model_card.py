@@ -8,7 +8,6 @@ import hashlib
 import importlib.metadata
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -65,16 +64,16 @@ def mm_out(tiny_ckpt, tmp_path_factory):
     return out
 
 
-def test_bf16_card(bf16_out):
+def test_bf16_card(bf16_out, tiny_ckpt):
     card = load_card(bf16_out)
     d = card.data.to_dict()
     m = manifest(bf16_out)
     assert "base_model" not in d  # a local folder is no Hub base model
-    assert d["library_name"] == "fimoe-convert"
+    assert d["library_name"] == "transformers" and d["pipeline_tag"] == "text-generation"
     assert {"deepseek_v4", "fimoe-convert", "moe", "bf16"} <= set(d["tags"]) and "flashinfer" not in d["tags"]
     meta = d["fimoe_convert"]
-    assert meta["source"] == {"folder": Path(m["source"]["spec"]).name}
-    assert m["source"]["spec"] not in card.content  # no local path of the converting machine is published
+    assert meta["source"] == {"folder": tiny_ckpt.name} and m["source"]["spec"] == tiny_ckpt.name
+    assert str(tiny_ckpt.parent) not in card.content  # no local path of the converting machine is published
     assert "AutoModelForCausalLM.from_pretrained(OUT)" in card.content and "vllm serve OUT" in card.content
     assert meta["target"] == "bf16" and meta["kernel_name"] is None and meta["vllm_moe_backend"] is None
     assert meta["compute_capabilities"] == [] and meta["runtime_needs"] == [] and meta["needs_nvshmem"] is False
@@ -100,7 +99,7 @@ def test_bf16_card(bf16_out):
 def test_megamoe_card(mm_out, tiny_ckpt):
     card = load_card(mm_out)
     d = card.data.to_dict()
-    assert d["library_name"] == "fimoe-convert" and "base_model" not in d
+    assert d["library_name"] == "flashinfer" and "base_model" not in d
     assert {"flashinfer", "sm90", "megamoe_sm90_mxfp4", "moe"} <= set(d["tags"])
     meta = d["fimoe_convert"]
     assert meta["target"] == meta["kernel_name"] == "megamoe_sm90_mxfp4"

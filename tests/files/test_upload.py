@@ -58,6 +58,10 @@ class FakeHub:
         self.requests: list[dict] = []  # {"method", "path", "auth"}
         self.puts: list[str] = []  # oids PUT successfully, in order
         self._fail: list[list] = []  # [method, path regex, status, matches to let through first]
+        # whoami-v2 by token: who it is and what it may do (a read-only token, another user: edit per test)
+        self.tokens: dict[str, dict] = {TOKEN: {"name": "fimoe-test", "orgs": [{"name": "fimoe-org"}],
+                                                "auth": {"accessToken": {"role": "write"}}}}
+        self.prs: list[dict] = []  # commits made with create_pr, as {"repo", "paths", "files"}
         self.lock = threading.Lock()
         hub = self
 
@@ -152,7 +156,13 @@ class FakeHub:
                     del self._fail[i]
                     return self._send(h, status, {"error": "simulated failure (fake hub)"})
             try:
-                status, obj, headers = self._route(h.command, path, body)
+                if path == "/api/whoami-v2":
+                    who = self.tokens.get((h.headers.get("Authorization") or "").removeprefix("Bearer "))
+                    status, obj, headers = (200, who, None) if who else (401, {"error": "Invalid credentials"}, None)
+                elif "/commit/" in path and "create_pr=1" in (urlsplit(h.path).query or ""):
+                    status, obj, headers = self._pr(path, body)
+                else:
+                    status, obj, headers = self._route(h.command, path, body)
             except Exception as e:  # a bug in the fake: make it loud
                 status, obj, headers = 599, {"error": f"fake hub: {type(e).__name__}: {e}"}, None
         self._send(h, status, obj, headers)
@@ -165,6 +175,18 @@ class FakeHub:
         if b is None:
             return None, (404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"})
         return b, None
+
+    def _pr(self, path: str, body: bytes):
+        """A commit made as a pull request: recorded beside the branches, which it leaves as they are."""
+        m = re.fullmatch(rf"/api/models/{_REPO}/commit/(?P<rev>.+)", path)
+        lines = [json.loads(x) for x in body.splitlines() if x.strip()]
+        files = {x["value"]["path"]: (base64.b64decode(x["value"]["content"]) if x["key"] == "file"
+                                      else self.lfs[x["value"]["oid"]])
+                 for x in lines if x["key"] in ("file", "lfsFile")}
+        num = len(self.prs) + 1
+        self.prs.append({"repo": m["repo"], "files": files})
+        return 200, {"commitUrl": f"{self.url}/{m['repo']}/commit/pr{num}", "commitOid": f"{num:040x}",
+                     "pullRequestUrl": f"{self.url}/{m['repo']}/discussions/{num}"}, None
 
     def _route(self, method: str, path: str, body: bytes):
         js = (lambda: json.loads(body))
@@ -362,7 +384,7 @@ def test_refuses_damaged_out_naming_the_file(out_copy, hub):
     (out_copy / "tokenizer.json").unlink()
     with pytest.raises(InputError, match="tokenizer.json: listed in the manifest but missing"):
         upload(str(out_copy), REPO, dry_run=True)
-    assert hub.requests == []
+    assert [q["path"] for q in hub.requests] == ["/api/whoami-v2"]  # the token, checked before OUT is hashed
 
 
 def test_refuses_a_folder_that_is_not_an_output(tmp_path, hub):
@@ -434,8 +456,8 @@ def test_interrupted_upload_resumes_and_sends_only_what_is_missing(out_copy, hub
     with pytest.raises(InputError) as e:
         upload(str(out_copy), REPO, endpoint=hub.url)
     msg = str(e.value)
-    assert msg.startswith(f"upload to {REPO}@main failed at upload_folder: ")
-    assert "run the same command again to resume" in msg and TOKEN not in msg
+    assert msg.startswith(f"upload to {REPO}@main failed at preupload: ")
+    assert f"finish it with `fimoe-convert upload {out_copy} {REPO}`" in msg and TOKEN not in msg
     assert arrived(hub, REPO) == {}  # no commit: the repo does not show a half upload
     stored = set(hub.puts)
     assert 1 <= len(stored) < len(shards)
@@ -452,26 +474,18 @@ def test_interrupted_upload_resumes_and_sends_only_what_is_missing(out_copy, hub
     assert TOKEN not in out + err
 
 
-def test_multi_commit_pipeline_resumes_after_a_failed_commit(out_copy, hub, monkeypatch):
-    """The default path when hf_xet is installed: huggingface_hub's streamed multi-commit pipeline.
-    The fake has no xet storage, so it answers "regular" for every file; batches of 3 files make
-    four commits, the second of which fails; the re-run commits only what is not there yet."""
+def test_with_hf_xet_a_failed_commit_is_finished_by_the_upload_command(out_copy, hub, monkeypatch):
+    """With hf_xet installed (the default path): the fake has no xet storage, so it answers "regular" for every file;
+    the commit fails, nothing is on the Hub, and the command the error names commits everything in one commit."""
     pytest.importorskip("hf_xet")
-    import huggingface_hub._upload_pipeline as pipeline
-
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False)
-    monkeypatch.setattr(pipeline, "COMMIT_SIZE_SCALE", [3] * len(pipeline.COMMIT_SIZE_SCALE))
     hub.regular_only = True
-    hub.fail_once("POST", r"/commit/", after=1)
-    with pytest.raises(InputError, match="run the same command again to resume"):
+    hub.fail_once("POST", r"/commit/")
+    with pytest.raises(InputError, match=f"finish it with `fimoe-convert upload {re.escape(str(out_copy))} {REPO}`"):
         upload(str(out_copy), REPO, endpoint=hub.url)
-    first = [p for c in hub.commits(REPO)[1:] for p in c["paths"]]
-    assert len(first) == 3  # the first batch is on the Hub
+    assert arrived(hub, REPO) == {}
     upload(str(out_copy), REPO, endpoint=hub.url)
-    assert arrived(hub, REPO) == expected_files(out_copy)
-    second = [p for c in hub.commits(REPO)[2:] for p in c["paths"]]
-    assert not set(first) & set(second) and sorted(first + second) == list(expected_files(out_copy))
-    assert [c["summary"].endswith("(part 2)") for c in hub.commits(REPO)[2:]][:2] == [False, True]
+    assert arrived(hub, REPO) == expected_files(out_copy) and len(hub.commits(REPO)) == 2
 
 
 def test_cli_reads_hf_endpoint_and_never_prints_the_token(bf16_out, hub, tmp_path):
@@ -485,7 +499,7 @@ def test_cli_reads_hf_endpoint_and_never_prints_the_token(bf16_out, hub, tmp_pat
     hub.fail_once("POST", r"/commit/")
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 1, first.stderr
-    assert f"error: upload to {REPO}@v1 failed at upload_folder" in first.stderr
+    assert f"error: upload to {REPO}@v1 failed at create_commit" in first.stderr
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "uploaded 10 files, " in second.stdout and f"{hub.url}/{REPO}/tree/v1" in second.stdout

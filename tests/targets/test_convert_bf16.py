@@ -116,8 +116,8 @@ def test_verify_passes_then_fails_on_a_flipped_byte(bf16_out, tmp_path):
     assert len(problems) == 1 and shard.name in problems[0] and "sha256" in problems[0]
 
 
-def test_verify_deep_rederives_from_source(bf16_out):
-    r = verify(str(bf16_out), deep=True)
+def test_verify_deep_rederives_from_source(bf16_out, tiny_ckpt):
+    r = verify(str(bf16_out), deep=True, src=str(tiny_ckpt))
     assert r.problems == [] and r.deep_checked == 8
 
 
@@ -275,7 +275,7 @@ def test_dense_bf16_dequantizes_every_fp8_linear_and_drops_quantization_config(t
     assert not any(t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu) for t in dst.values())
     cfg = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in cfg and "expert_dtype" not in cfg
-    assert verify(str(out), deep=True).problems == []
+    assert verify(str(out), deep=True, src=str(tiny_ckpt)).problems == []
 
 
 def test_bf16_refuses_an_unknown_param(tiny_ckpt, tmp_path):

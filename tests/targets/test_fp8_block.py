@@ -139,7 +139,7 @@ def test_everything_else_is_copied_and_config_drops_expert_dtype(tiny_ckpt, fp8_
     m = read_manifest(out, require_complete=True)
     assert m.target.name == "fp8_block" and m.layers["layers.0"]["scale_dtype"] == "F8_E8M0"
     assert m.report["fp8_block"]["lossy_tiles"] == 0
-    assert verify(str(out), deep=True).problems == []
+    assert verify(str(out), deep=True, src=str(tiny_ckpt)).problems == []
 
 
 def test_f32_scale_layout_is_the_base_layout(tiny_ckpt, fp8_out, fp8_f32_out, tmp_path):

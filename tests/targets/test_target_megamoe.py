@@ -128,7 +128,7 @@ def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, meg
                 load_megamoe_weights(out, block, rank), load_megamoe_weights(megamoe_out, block, rank)
             ):
                 assert got.dtype == want.dtype and torch.equal(got, want)
-    assert verify(str(out), deep=True, samples=100).problems == []
+    assert verify(str(out), deep=True, samples=100, src=str(tiny_ckpt)).problems == []
 
 
 def test_leg_transform_matches_flashinfer_public_function_with_and_without_the_helper(monkeypatch):
@@ -164,12 +164,12 @@ def test_repack_is_exact_in_values(tiny_ckpt, megamoe_out):
     assert torch.equal(got, seed_dequant(p, s).float())
 
 
-def test_manifest_ranges_and_verify(megamoe_out):
+def test_manifest_ranges_and_verify(megamoe_out, tiny_ckpt):
     m = json.loads((megamoe_out / "fimoe-manifest.json").read_text())
     assert m["ep"] == {"world_size": 2, "expert_ranges": [[0, 4], [4, 8]]}
     assert m["target"]["kernel_name"] == TARGET and m["target"]["capabilities"] == ["9.0"]
     assert set(m["layers"]) == {"layers.0", "layers.1", "layers.2", "mtp.0"}
-    assert verify(str(megamoe_out), deep=True).problems == []
+    assert verify(str(megamoe_out), deep=True, src=str(tiny_ckpt)).problems == []
     idx = json.loads((megamoe_out / "model.safetensors.index.json").read_text())["weight_map"]
     r0 = {s for n, s in idx.items() if ".ep0." in n}
     r1 = {s for n, s in idx.items() if ".ep1." in n}

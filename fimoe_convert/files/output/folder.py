@@ -77,10 +77,14 @@ def verify_files(out_dir: Path, manifest: Manifest | None = None, progress=None)
         problems.append(f"{where}: lists {len(files)} files, {'no index' if INDEX_NAME not in files else 'an index'} "
                         f"and {len(shards)} shards; a complete conversion lists its index and its shards: convert "
                         "into this folder again with --overwrite")
-    unwritten = sorted(f for f, st in manifest.status.items() if st != "written" or f not in files)
+    unwritten = sorted({f for f, st in manifest.status.items() if st != "written" or f not in files} |
+                       {f for f in shards if manifest.status.get(f) != "written"})  # each shard recorded, and done
     if unwritten and manifest.complete is True:
         problems.append(f"{where}: shard {unwritten[0]!r} is not recorded as written, yet complete is true; the "
                         "manifest is damaged: convert into this folder again with --overwrite")
+    numbered = _numbering_problem(shards)
+    if numbered:
+        problems.append(f"{where}: {numbered}; a shard is missing with its records: {OUT_DAMAGED}")
     total = 0
     sized: list[Path] = []
     for rel in sorted(files):
@@ -108,6 +112,21 @@ def verify_files(out_dir: Path, manifest: Manifest | None = None, progress=None)
     if not problems:
         problems += _check_index(out_dir, shards)
     return VerifyResult(len(files), total, problems)
+
+
+def _numbering_problem(shards: list[str]) -> str | None:
+    """The shards named model-I-of-N must be N, numbered 1 to N (what the conversion writes)."""
+    import re
+
+    found = [m for rel in shards if (m := re.fullmatch(r"model-(\d{5})-of-(\d{5})\.safetensors", rel))]
+    if not found:
+        return None
+    counts = sorted({int(m.group(2)) for m in found})
+    numbers = sorted(int(m.group(1)) for m in found)
+    if len(counts) != 1 or numbers != list(range(1, counts[0] + 1)):
+        return (f"lists {len(found)} shards named model-I-of-N, numbered {numbers[:6]}"
+                f"{'...' if len(numbers) > 6 else ''}, for N = {counts[:3]}")
+    return None
 
 
 def _check_index(out_dir: Path, shards: list[str]) -> list[str]:
@@ -160,17 +179,28 @@ def read_output_tensors(out_dir: Path, names: list[str], device: str = "cpu") ->
     return out
 
 
-def output_tensor_bytes(out_dir: Path) -> dict[str, int]:
-    """{tensor name: stored bytes} from the headers of the shards the index names (only names inside OUT)."""
+def output_tensor_facts(out_dir: Path, names: list[str] | None = None
+                        ) -> tuple[dict[str, int], dict[str, str], dict[str, tuple[str, int]]]:
+    """({tensor: stored bytes}, {tensor: stored torch dtype name}, {tensor: (its shard, the tensor bytes of that
+    shard)}) from the headers of the shards the index names inside OUT (only those holding `names` when given): what
+    verify and the loader check a structure against, the same way."""
+    from ...dtypes import DTYPES
+
     index_path = Path(out_dir) / INDEX_NAME
     weight_map = read_out_index(index_path)[0]
-    found: dict[str, int] = {}
-    for rel in sorted(set(weight_map.values())):
+    wanted = set(weight_map.values()) if names is None else {weight_map[n] for n in names if n in weight_map}
+    nbytes: dict[str, int] = {}
+    dtypes: dict[str, str] = {}
+    shards: dict[str, tuple[str, int]] = {}
+    for rel in sorted(wanted):
         bad = name_problem(rel, Path(out_dir), str(index_path), "shard", "OUT")
         if bad:
             raise InputError(f"{bad}; {OUT_DAMAGED}")
-        found.update({n: info.nbytes for n, info in read_header(Path(out_dir) / rel).tensors.items()})
-    return found
+        tensors = read_header(Path(out_dir) / rel).tensors
+        total = sum(info.nbytes for info in tensors.values())
+        for n, info in tensors.items():
+            nbytes[n], dtypes[n], shards[n] = info.nbytes, DTYPES[info.dtype][1], (rel, total)
+    return nbytes, dtypes, shards
 
 
 def same_file_id(path: Path) -> tuple[int, int] | None:

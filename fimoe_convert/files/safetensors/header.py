@@ -47,6 +47,18 @@ class Header:
     metadata: dict[str, str]
 
 
+class _Twice(ValueError):
+    pass
+
+
+def _once(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        raise _Twice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
 def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Header:
     """Validate a safetensors header. `read_json(n)` returns the n header bytes; `where` names
     the file in errors. Checks: length vs file size, JSON, dtypes, shapes, offsets contiguous,
@@ -64,7 +76,10 @@ def parse_header(raw_len: bytes, read_json, file_size: int, where: str) -> Heade
     raw = read_json(n)
     check_items(raw, f"{where}: header", "the file is corrupt or not safetensors", MAX_HEADER_ITEMS)
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, object_pairs_hook=_once)
+    except _Twice as e:  # two entries of one name: which of them a reader takes is its own choice
+        raise InputError(f"{where}: header names {e.args[0][:120]!r} twice; the file is corrupt or not one safetensors "
+                         "writes (each tensor once): fetch or convert it again") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, >4300-digit ints, deep nesting
         raise InputError(f"{where}: header is not valid JSON ({e.__class__.__name__}: {e}); "
                          "the file is corrupt or not safetensors") from None

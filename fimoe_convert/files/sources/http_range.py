@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Callable
 
-from ...errors import InputError
+from ...errors import InputError, redact
 
 RETRIES = 5  # attempts in a row that deliver no byte before the read fails
 RETRIES_TOTAL = 50  # attempts per read, progress or not: a server that drips bytes and drops still ends
@@ -51,9 +51,10 @@ def read_range(url: str, start: int, end: int, sink: Callable[[memoryview], None
         except Exception as e:  # transport errors of the HTTP client, timeouts, 5xx, short bodies: asked again
             failures = 0 if pos > before else failures + 1
             if failures >= RETRIES or attempts >= RETRIES_TOTAL:
-                raise InputError(f"{where}: reading bytes {pos}-{end - 1} from the Hub failed {attempts} times "
-                                 f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); check the network and "
-                                 "run again with --resume (finished shards are kept)") from None
+                raise InputError(redact(f"{where}: reading bytes {pos}-{end - 1} from the Hub failed {attempts} "
+                                        f"times ({type(e).__name__}: {' '.join(str(e).split())[:200]}); check the "
+                                        "network and run again with --resume (finished shards are kept)", token)
+                                 ) from None
             time.sleep(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)])
 
 
@@ -70,8 +71,9 @@ def _attempt(url: str, pos: int, end: int, sink, token, where: str) -> None:
             try:
                 hf_raise_for_status(r)
             except Exception as e:
-                raise InputError(f"{where}: the Hub refused bytes {pos}-{end - 1} ({type(e).__name__}: "
-                                 f"{' '.join(str(e).split())[:200]}); check the repo id, revision and token") from None
+                raise InputError(redact(f"{where}: the Hub refused bytes {pos}-{end - 1} ({type(e).__name__}: "
+                                        f"{' '.join(str(e).split())[:200]}); check the repo id, revision and token",
+                                        token)) from None
         first = _first_byte(r, pos, where)  # the file offset of the body's first byte
         skip = pos - first
         for chunk in r.iter_bytes():

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...errors import InputError, UsageError
+from ...errors import InputError, UsageError, redact
 from ..names import INDEX_NAME, MANIFEST_NAME
 from ..safetensors.header import MAX_HEADER_BYTES, Header, parse_header
 
@@ -70,6 +70,9 @@ def _is_repo_id(spec: str) -> bool:
     return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
 
 
+is_repo_id = _is_repo_id
+
+
 def check_source(spec: str, revision: str | None, offline: bool) -> None:
     """SRC's checks that need neither torch nor a download (the CLI runs them before importing the converters):
     a folder, or a Hub repo id that the Hub has (one short request)."""
@@ -118,6 +121,8 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); "
                          "check the repo id, --revision and your token (HF_TOKEN)") from None
+    except ValueError as e:  # huggingface_hub refuses a listed name that leaves the repo ('..', absolute)
+        raise InputError(outside_repo(spec, e)) from None
     except OSError as e:  # the cache folder, or a transfer error huggingface_hub raises as an OSError
         raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); check the network, or "
                          "pass --offline to use the local cache") from None
@@ -209,6 +214,12 @@ def reach_hub(repo_id: str, revision: str | None) -> None:
                          "download SRC` where there is network") from None
 
 
+def outside_repo(spec: str, e: ValueError) -> str:
+    """The line for a Hub file list that names a path outside the repo."""
+    return (f"SRC {spec!r}: the Hub's file list names a path outside the repo ({' '.join(str(e).split())[:200]}); "
+            "nothing was written for it: the repo is damaged, convert another revision or ask its owner")
+
+
 def describing_files(repo_id: str, revision: str | None) -> Path:
     """The revision's snapshot folder, holding the files that describe the checkpoint (config.json; the index and
     a manifest where the repo has them), downloaded into the cache: kilobytes, where the weights are hundreds of
@@ -235,8 +246,9 @@ def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[
         except InputError as e:
             return None, str(e)
         except OSError as e:  # huggingface_hub's HTTP errors; transport errors (_get raises them as ConnectionError)
-            return None, (f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
-                          f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and token")
+            return None, redact(f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
+                                f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and "
+                                "token")
 
     results = _on_daemon_threads(one, list(dict.fromkeys(names)), HEADER_THREADS)
     return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]

@@ -36,8 +36,9 @@ from urllib.parse import urlsplit
 
 from ...errors import InputError, UsageError
 from ...records import FileRecord
+from ..safetensors.header import parse_header
 from .http_range import Stop, read_range
-from .hub import HUB_PATTERNS, _is_repo_id, describing_files
+from .hub import HUB_PATTERNS, _is_repo_id, describing_files, outside_repo
 from .local import Source, open_source, summarized
 
 CONNECTIONS = 16  # ranged GETs at once (--connections): 16 x ~100 MB/s per connection fills a 1 GB/s link
@@ -99,6 +100,7 @@ class _Remote:
         self.sha256 = hashlib.sha256()
         self.git = hashlib.sha1(b"blob %d\0" % size) if len(etag) == 40 else None
         self.done = False
+        self.head: bytearray | None = bytearray()  # the streamed header as hashed; None once checked against the plan's
 
 
 def _elsewhere(url: str, location: str | None) -> str | None:
@@ -161,6 +163,8 @@ def _open_streamed(spec: str, revision: str | None) -> "StreamedSource":
     except HfHubHTTPError as e:
         raise InputError(f"SRC {spec!r}: the Hub refused the download ({e.__class__.__name__}); check the repo id, "
                          "--revision and your token (HF_TOKEN)") from None
+    except ValueError as e:  # huggingface_hub refuses a listed name that leaves the repo ('..', absolute)
+        raise InputError(outside_repo(spec, e)) from None
     except OSError as e:
         raise InputError(f"SRC {spec!r}: cannot reach the Hub ({e.__class__.__name__}: {e}); "
                          "check the network") from None
@@ -168,6 +172,18 @@ def _open_streamed(spec: str, revision: str | None) -> "StreamedSource":
     source = StreamedSource(**{f.name: getattr(base, f.name) for f in fields(Source) if f.init})
     source.attach()
     return source
+
+
+def _same_header(head: bytes, planned, size: int, where: str) -> None:
+    """The header at the start of the streamed bytes is the one the plan cut its tensors by: a Hub that served other
+    bytes to the header read than to the stream, at one commit, is refused before a tensor is taken."""
+    got = parse_header(head[:8], lambda n: head[8:8 + n], size, where)
+    if got.tensors != planned.tensors or got.data_start != planned.data_start:
+        differ = sorted(n for n in set(got.tensors) | set(planned.tensors)
+                        if got.tensors.get(n) != planned.tensors.get(n))
+        raise InputError(f"{where}: the header streamed differs from the one read to plan the conversion (e.g. "
+                         f"{differ[:1] or ['its length']}); the Hub served two versions of the file at one commit: "
+                         "run again, or download the repo first (drop --stream)")
 
 
 class StreamedSource(Source):
@@ -438,6 +454,8 @@ class StreamedSource(Source):
             shard.sha256.update(c.data)
             if shard.git is not None:
                 shard.git.update(c.data)
+            if shard.head is not None and not self._header_seen(shard, c):
+                return
             with self._cv:
                 shard.hashing = False
                 c.users -= 1
@@ -447,6 +465,23 @@ class StreamedSource(Source):
                 self._cv.notify_all()
             if shard.next == len(shard.chunks):
                 return self._check(shard)
+
+    def _header_seen(self, shard: _Remote, c: _Chunk) -> bool:
+        """Keep the header's bytes of `c` (hashed in file order); once whole, compare it with the header the plan was
+        made from, before any tensor of the shard is taken (`_take` waits for it). False: it differs (the run fails)."""
+        planned = self.headers[shard.rel]
+        shard.head.extend(memoryview(c.data)[:max(planned.data_start - c.start, 0)])
+        if len(shard.head) < planned.data_start:
+            return True
+        try:
+            _same_header(bytes(shard.head), planned, shard.size, f"{self.repo_id}/{shard.rel}@{self.revision}")
+        except InputError as e:
+            self._fail(e)
+            return False
+        with self._cv:
+            shard.head = None
+            self._cv.notify_all()
+        return True
 
     def _release(self, c: _Chunk) -> None:
         """Drop `c`'s bytes once hashed and read by every planned read (under the lock)."""
@@ -542,7 +577,8 @@ class StreamedSource(Source):
                 self._waiting[c] += 1
                 self._cv.notify_all()  # a fetch waiting for room goes now
                 try:
-                    self._cv.wait_for(lambda: c.data is not None or self._error is not None)  # noqa: B023
+                    self._cv.wait_for(lambda: (c.data is not None and shard.head is None)  # noqa: B023
+                                      or self._error is not None)
                 finally:
                     self._waiting[c] -= 1
                     if not self._waiting[c]:
