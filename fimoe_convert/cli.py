@@ -465,8 +465,8 @@ def upload_cmd(out, repo_id, token, private, revision, commit_message, commit_de
                           *[f"  not uploaded (not in the manifest): {one_line(f)}" for f in r.not_uploaded],
                           "token: " + ("found (not shown)" if r.token_found else
                                        "none found: set HF_TOKEN or run `hf auth login` before uploading")])
-    elif r.get("pr_url"):
-        text = f"uploaded {plural(r['files'], 'file')}, {r['human']} to {repo_id}, pull request: {r['pr_url']}"
+    elif r.pr_url:
+        text = f"uploaded {plural(r.files, 'file')}, {r.human} to {repo_id}, pull request: {r.pr_url}"
     else:
         text = f"uploaded {plural(r.files, 'file')}, {r.human} to {where}: {r.url} (commit {r.commit})"
     _emit(r, as_json, text)

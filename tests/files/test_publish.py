@@ -143,7 +143,7 @@ def test_upload_repo_publishes_while_the_conversion_holds_outs_lock(hub, tiny_ck
 
     monkeypatch.setattr(publish, "upload", upload_checking_the_lock)
     res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo=REPO)
-    assert res.upload["files"] == 10
+    assert res.upload.files == 10
     assert len(seen) == 1 and "another fimoe-convert run is writing into it" in seen[0], seen
     assert arrived(hub, REPO) == expected_files(out)
 
@@ -263,7 +263,7 @@ def test_verify_of_a_published_conversion_reads_no_shard(published):
     from fimoe_convert import verify
 
     r = verify(PUBLISHED)
-    assert r["problems"] == [] and r["files"] == 9 and r["revision"] == PUBLISHED_COMMIT
+    assert r.problems == [] and r.files == 9 and r.revision == PUBLISHED_COMMIT
     assert shard_bytes_sent(published) == []  # headers by range only
     res = CliRunner().invoke(main, ["verify", PUBLISHED])
     assert res.exit_code == 0 and "\nok: 9 files, 9.50 MB match the manifest" in res.output, res.output
@@ -287,7 +287,7 @@ def test_verify_of_a_published_conversion_names_the_file_that_differs(published,
         data[-2] ^= 0x01
         path.write_bytes(bytes(data))
     r = verify(PUBLISHED)
-    assert len(r["problems"]) == 1 and re.search(problem, r["problems"][0]), r["problems"]
+    assert len(r.problems) == 1 and re.search(problem, r.problems[0]), r.problems
     assert shard_bytes_sent(published) == []
 
 

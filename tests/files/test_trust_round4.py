@@ -43,7 +43,7 @@ def first_block(data: dict) -> dict:
 
 def test_the_loader_reads_each_tensor_once_however_often_it_is_named(mega, monkeypatch):
     edit_manifest(mega, lambda d: first_block(d)["structure"]["tuple"].append(first_block(d)["structure"]["tuple"][0]))
-    assert verify(str(mega))["problems"] == []
+    assert verify(str(mega)).problems == []
     read = []
     real = loader.read_output_tensors
     monkeypatch.setattr(loader, "read_output_tensors", lambda out, names, device="cpu": (read.extend(names),
@@ -61,7 +61,7 @@ def test_a_structure_naming_one_tensor_over_and_over_is_refused_by_verify_and_th
     edit_manifest(mega, repeat)
     want = (r"block 'layers\.0' rank 0: structure: its tensor nodes come to 8355840 bytes, more than the \d+ tensor "
             r"bytes of the 1 shard\(s\) they name; a tensor is named over and over")
-    problems = verify(str(mega))["problems"]
+    problems = verify(str(mega)).problems
     assert len(problems) == 1 and re.search(want, problems[0]), problems
     monkeypatch.setattr(loader, "read_output_tensors", lambda *a, **k: pytest.fail("read before the check"))
     with pytest.raises(InputError, match=want):
@@ -102,7 +102,7 @@ def drop_last_shard(out: Path, renumber: bool) -> None:
 def test_a_shard_dropped_with_its_records_is_found_by_its_numbering(bf16_out_of, tmp_path):
     out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
     drop_last_shard(out, renumber=False)
-    problems = verify(str(out))["problems"]
+    problems = verify(str(out)).problems
     assert len(problems) == 1 and re.search(r"fimoe-manifest\.json: lists 2 shards named model-I-of-N, numbered "
                                             r"\[1, 2\], for N = \[3\]; a shard is missing", problems[0]), problems
 
@@ -110,8 +110,8 @@ def test_a_shard_dropped_with_its_records_is_found_by_its_numbering(bf16_out_of,
 def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, tiny_ckpt, tmp_path):
     out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
     drop_last_shard(out, renumber=True)
-    assert verify(str(out))["problems"] == []  # consistent records, numbered 1 to N: only the source can tell
-    problems = verify(str(out), deep=True, src=str(tiny_ckpt))["problems"]
+    assert verify(str(out)).problems == []  # consistent records, numbered 1 to N: only the source can tell
+    problems = verify(str(out), deep=True, src=str(tiny_ckpt)).problems
     want = (r"model\.safetensors\.index\.json: holds \d+ tensors, a conversion of the source with the manifest's "
             r"options gives \d+ \(missing \d+, e\.g\. '[^']+'; in another shard \d+, e\.g\. '[^']+'\); the manifest "
             r"is damaged")
@@ -121,7 +121,7 @@ def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, 
 def test_a_complete_manifest_with_an_empty_status_is_refused(bf16_out_of, tmp_path):
     out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
     edit_manifest(out, lambda d: d.update(status={}))
-    problems = verify(str(out))["problems"]
+    problems = verify(str(out)).problems
     assert len(problems) == 1 and re.search(r"shard 'model-00001-of-00003\.safetensors' is not recorded as written, "
                                             r"yet complete is true", problems[0]), problems
 
@@ -204,7 +204,7 @@ def test_a_retyped_shard_header_is_refused_by_verify_as_by_the_loader(mega):
     retype(mega / index[name], name, "F32", "I32")
     rehash(mega, index[name])
     want = r"tensor 'layers\.0\.ffn\.experts\.ep0\.l1\.weight_global_scale' is stored as int32"
-    problems = verify(str(mega))["problems"]
+    problems = verify(str(mega)).problems
     assert len(problems) == 1 and re.search(want + r", its node says float32", problems[0]), problems
     with pytest.raises(InputError, match=want):
         loader.load_transformed_weights(mega, "layers.0")
@@ -214,7 +214,7 @@ def test_the_loader_refuses_a_shard_the_manifest_does_not_list(mega):
     index = json.loads((mega / "model.safetensors.index.json").read_text())["weight_map"]
     shard = index["layers.0.ffn.experts.ep0.l1.weight"]
     edit_manifest(mega, lambda d: d["files"].pop(shard))
-    assert verify(str(mega))["problems"]
+    assert verify(str(mega)).problems
     with pytest.raises(InputError, match=rf"places its tensors in '{shard}', which the manifest does not list"):
         loader.load_transformed_weights(mega, "layers.0")
 
