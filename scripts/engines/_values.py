@@ -1,5 +1,6 @@
 """Every engine parameter against the file tensors it comes from (bytes, or a documented value-preserving cast),
 per rank of a tensor- or expert-parallel layout; and the self-test corruptions each of which must fail the check."""
+import re
 from pathlib import Path
 
 import torch
@@ -11,11 +12,12 @@ class Source:
     up to a multiple (an engine's documented padding); `transform(tensor, param shape)` maps the combined file
     tensor (a documented load-time conversion: padding, dequantization)."""
 
-    def __init__(self, rows, stack=False, pad_dim=None, pad_to=None, transform=None):
+    def __init__(self, rows, stack=False, pad_dim=None, pad_to=None, transform=None, extra=()):
         self.rows, self.stack, self.pad_dim, self.pad_to, self.transform = rows, stack, pad_dim, pad_to, transform
+        self.extra = list(extra)  # file tensors the transform reads too (a dequantization's scale)
 
     def names(self):
-        return [n for r in self.rows for n in r]
+        return [n for r in self.rows for n in r] + self.extra
 
 
 def load_file(folder: str, corrupt=None) -> dict:
@@ -94,13 +96,14 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-def compare_param(got: torch.Tensor, want: torch.Tensor, casts: dict):
-    """None when equal (bytes, or a documented value-preserving cast that round-trips exactly), else why not."""
+def compare_param(name: str, got: torch.Tensor, want: torch.Tensor, casts: dict):
+    """None when equal (bytes, or a documented value-preserving cast that round-trips exactly), else why not.
+    casts: {(file dtype, parameter dtype): (regex the parameter name must match, why)}."""
     if tuple(got.shape) != tuple(want.shape):
         return f"shape {tuple(got.shape)} != file {tuple(want.shape)} (adapted by the engine)"
     if got.dtype != want.dtype:
-        why = casts.get((want.dtype, got.dtype))
-        if why is None:
+        pattern, why = casts.get((want.dtype, got.dtype), (None, None))
+        if why is None or not re.search(pattern, name):
             return f"dtype {got.dtype} != file {want.dtype} (cast by the engine; no documented conversion)"
         if not torch.equal(_bytes(want.to(got.dtype)), _bytes(got)) or \
                 not torch.equal(_bytes(got.to(want.dtype)), _bytes(want)):
@@ -114,7 +117,7 @@ def compare_param(got: torch.Tensor, want: torch.Tensor, casts: dict):
 def compare_all(model, ck: dict, check: dict, tag=""):
     """Every parameter of the model against its file source. check["source_of"](param name) -> Source, or a
     string saying why it has none ("engine-set: ..." for ones the engine fills itself, else a failure);
-    check["casts"]: {(file dtype, param dtype): why}. Returns (equal, failures, file names covered)."""
+    check["casts"]: see compare_param. Returns (equal, failures, file names covered)."""
     equal, fails, covered, skipped = 0, [], set(), []
     for name, p in model.named_parameters():
         src = check["source_of"](name)
@@ -127,7 +130,7 @@ def compare_all(model, ck: dict, check: dict, tag=""):
             continue
         want, why = expected(ck, src, p.shape, check.get("rank", 0), check.get("world", 1),
                              check.get("ep_rank", 0), check.get("ep_world", 1))
-        why = why or compare_param(p.data, want, check["casts"])
+        why = why or compare_param(name, p.data, want, check["casts"])
         names = src.names()
         if why:
             fails.append(f"{name} <- {names[:2]}{'...' if len(names) > 2 else ''}: {why}")

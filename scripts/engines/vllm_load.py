@@ -44,6 +44,10 @@ if not CUDA:
         def get_device_total_memory(cls, device_id=0):
             return 141 << 30  # bytes
 
+        @classmethod
+        def get_device_communicator_cls(cls) -> str:  # NCCL needs a GPU; the base class uses the gloo group
+            return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+
     platforms._current_platform = SimulatedH200()
     import vllm._custom_ops as ops  # noqa: E402
 
@@ -88,7 +92,7 @@ def fake_cuda() -> list:
 LAYOUTS = {"tp1": (1, False), "tp2": (2, False), "ep2": (2, True)}  # name -> (world size, expert parallel)
 MTP_SHARED = {"model.embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight"}
 # file dtype -> parameter dtype the engine converts to, value for value (checked to round-trip exactly)
-CASTS = {(torch.int64, torch.int32): "MoE gate tid2eid: int32 parameter, deepseek_v4/nvidia/model.py:285"}
+CASTS = {(torch.int64, torch.int32): (r"\.ffn\.gate\.tid2eid$", "int32 parameter, deepseek_v4/nvidia/model.py:285")}
 
 
 def source_of_main(name: str, n_experts: int, pad_shared: int):
