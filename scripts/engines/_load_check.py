@@ -43,6 +43,8 @@ def fill_sentinel(model) -> dict:
     pats = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if getattr(p, "_skip_weight_check", False):  # engine-set when no file has it: kept as constructed
+                continue
             try:
                 if p.dtype.is_floating_point:
                     p.data.fill_(float("nan"))
@@ -58,6 +60,8 @@ def unfilled(model, pats: dict) -> tuple[list, list]:
     """(parameters still wholly sentinel, parameters partly sentinel), compared byte for byte."""
     whole, part = [], []
     for name, p in model.named_parameters():
+        if name not in pats:
+            continue
         b = p.data.reshape(-1).view(torch.uint8).reshape(p.numel(), -1)
         hit = (b == pats[name]).all(dim=1)
         if hit.all():
@@ -133,10 +137,9 @@ def _storage(t) -> int:
 def report(model, names: list, pats: dict, tr: "Trace", returned, foreign) -> int:
     whole, part = unfilled(model, pats)
     params = dict(model.named_parameters())
-    # the engine marks parameters a checkpoint may lack (SGLang's FP8 KV-cache k_scale / v_scale, set to 1.0 after
-    # loading when absent); they stay sentinel here by design
-    optional = [n for n in whole if getattr(params[n], "_skip_weight_check", False)]
-    whole = [n for n in whole if n not in optional]
+    # the engine marks parameters a checkpoint may lack (SGLang's FP8 KV-cache k_scale / v_scale, -1.0 until its
+    # post-load step sets 1.0 when absent); not sentinel-filled, reported apart
+    optional = [n for n in params if n not in pats]
     unused = [n for n in names if n not in tr.consumed]
     print(f"tensors offered: {len(names)}; consumed (a weight_loader took them): {len(tr.consumed)}; "
           f"names load_weights returned: {len(returned) if returned is not None else '-'}")
@@ -147,7 +150,7 @@ def report(model, names: list, pats: dict, tr: "Trace", returned, foreign) -> in
         print(f"  weight_loader raised on {k} x{c}:{w}")
     other = [n for n in unused if foreign(n)]
     if other:  # the main model drops mtp.*, the MTP draft model all but mtp.*: the other model loads them
-        print(f"  not consumed: x{len(other)} belonging to the other model (main / MTP draft)")
+        print(f"  not consumed: x{len(other)} belonging to the other model (main / MTP draft) or another EP rank")
     not_consumed = [n for n in unused if not foreign(n)]
     for title, items in (("not consumed", not_consumed), ("still all-sentinel", whole), ("partly sentinel", part),
                          ("not in the checkpoint (engine-marked optional)", optional),
@@ -194,7 +197,7 @@ def result_line(engine: str, out: str, model: str, layout: str, rank: int, r: di
     """One machine-readable line per (engine, output, model, layout, rank); run.sh tabulates them."""
     return (f"RESULT engine={engine} output={Path(out).name} model={model} layout={layout} rank={rank} "
             f"offered={r['offered']} consumed={r['consumed']} params={r['params']} equal={r['equal']} "
-            f"status={'ok' if r['status'] == 0 else 'FAIL'}")
+            f"post={r.get('post', '-')} status={'ok' if r['status'] == 0 else 'FAIL'}")
 
 
 def selftest(models: dict, checks: dict, out: str, weight_loader, corruptions: dict, after=None) -> int:
@@ -212,3 +215,40 @@ def selftest(models: dict, checks: dict, out: str, weight_loader, corruptions: d
     print(f"SELFTEST summary: {len(corruptions) - len(missed)} of {len(corruptions)} corruptions caught"
           + (f"; not caught: {missed}" if missed else ""))
     return int(bool(missed))
+
+
+CUDA_ONLY = ("CUDA-only", "NVIDIA driver", "not compiled with CUDA", "no CUDA GPUs", "CUDA driver", "libcuda",
+             "cudaGetDevice", "CUDA error", "CUDA_HOME", "nvcc", "triton", "Triton",
+             "from the 'CPU' backend")  # a torch op registered for CUDA only
+
+
+def post_process(model, dtype) -> str:
+    """Each module's quant_method.process_weights_after_loading (the loop of vLLM's model_loader/utils.py
+    process_weights_after_loading and of SGLang's DefaultModelLoader.load_weights_and_postprocess), then
+    attention layers' own process_weights_after_loading(dtype), one module at a time so that one stop does not
+    hide the rest. Prints per method how many modules ran and where each stop is. Returns "ok", "cuda-only" (every
+    stop is a CUDA-only kernel or library) or "FAIL"."""
+    runs, stops = Counter(), {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        steps = []
+        if qm is not None and hasattr(qm, "process_weights_after_loading"):
+            steps.append((type(qm).__name__, lambda qm=qm, mod=mod: qm.process_weights_after_loading(mod)))
+        elif qm is None and hasattr(mod, "process_weights_after_loading") and mod is not model:
+            steps.append((type(mod).__name__, lambda mod=mod: mod.process_weights_after_loading(dtype)))
+        for label, step in steps:
+            try:
+                with torch.no_grad():
+                    step()
+                runs[label] += 1
+            except Exception as exc:  # noqa: BLE001  (reported per method, the rest still run)
+                stops.setdefault(label, [0, kind(name), where(exc)])[0] += 1
+    verdict = "ok"
+    for label in sorted(set(runs) | set(stops)):
+        print(f"  post-load {label}: {runs[label]} modules ran" + (f", {stops[label][0]} stopped" if label in stops
+                                                                     else ""))
+    for label, (_count, first, w) in sorted(stops.items()):
+        cuda = any(k in w for k in CUDA_ONLY)
+        print(f"  post-load {label} stops {'at a CUDA-only step' if cuda else 'UNEXPECTEDLY'} (first {first}):{w}")
+        verdict = "FAIL" if not cuda else ("cuda-only" if verdict == "ok" else verdict)
+    return verdict

@@ -12,8 +12,9 @@ class Source:
     up to a multiple (an engine's documented padding); `transform(tensor, param shape)` maps the combined file
     tensor (a documented load-time conversion: padding, dequantization)."""
 
-    def __init__(self, rows, stack=False, pad_dim=None, pad_to=None, transform=None, extra=()):
+    def __init__(self, rows, stack=False, pad_dim=None, pad_to=None, transform=None, extra=(), whole_first=False):
         self.rows, self.stack, self.pad_dim, self.pad_to, self.transform = rows, stack, pad_dim, pad_to, transform
+        self.whole_first = whole_first  # transform each whole file tensor, then slice (a dequantization)
         self.extra = list(extra)  # file tensors the transform reads too (a dequantization's scale)
 
     def names(self):
@@ -37,7 +38,7 @@ def _row(ck, row, src: Source, rank: int, world: int, dim):
     """One row's tensors (padded), each cut to this rank's 1/world along dim; None when dim does not divide."""
     parts = []
     for n in row:
-        t = ck[n]
+        t = ck[n] if not src.whole_first else src.transform(ck[n], None)
         if src.pad_dim is not None and src.pad_to:
             pad = -t.shape[src.pad_dim] % src.pad_to
             if pad:
@@ -75,7 +76,7 @@ def expected(ck: dict, src: Source, shape, rank=0, world=1, ep_rank=0, ep_world=
             want = torch.stack(cat) if src.stack else cat[0]
         except RuntimeError as exc:  # parts of unequal shapes
             return None, f"file tensors do not combine: {exc}"
-        if src.transform is not None:
+        if src.transform is not None and not src.whole_first:
             want = src.transform(want, shape)
         if tuple(want.shape) == tuple(shape):
             return want, None
@@ -218,3 +219,12 @@ CORRUPTIONS = {c.name: c for c in [
     Corruption("mtp_flip", False, _flip(lambda n: n.startswith("mtp."), "e_proj.weight"),
                "engine handed one bit changed in the MTP block's e_proj"),
 ]}
+
+
+def other_ranks_expert(name: str, ep_rank: int, ep_world: int, n_experts: int) -> bool:
+    """A routed expert's tensor that expert parallelism places on another rank (contiguous blocks of experts)."""
+    m = re.search(r"\.experts\.(\d+)\.", name)
+    if m is None or ep_world == 1:
+        return False
+    per = n_experts // ep_world
+    return not ep_rank * per <= int(m.group(1)) < (ep_rank + 1) * per

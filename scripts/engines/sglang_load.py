@@ -95,7 +95,15 @@ def fake_bootstrap(bootstrap) -> list:
     if CUDA:
         return []
     bootstrap._resolve_backend = lambda device: "gloo"
-    return ["bootstrap._resolve_backend -> gloo"]
+    from sglang.srt.distributed import parallel_state as ps
+    init = ps.GroupCoordinator.__init__
+
+    def no_gpu_comms(self, *a, **k):  # NCCL, custom all-reduce, MSCCL++, symmetric memory: GPU-only
+        k.update(use_pynccl=False, use_mscclpp=False, use_custom_allreduce=False,
+                 use_torch_symm_mem_all_reduce=False)
+        return init(self, *a, **k)
+    ps.GroupCoordinator.__init__ = no_gpu_comms
+    return ["bootstrap._resolve_backend -> gloo", "GroupCoordinator: no pynccl, custom all-reduce, mscclpp, symm mem"]
 
 
 def start(out: str, layout: str, rank: int, port: int):
@@ -201,7 +209,7 @@ def dequant_wo_a(ck: dict, base: str):
         s = ck[sc].float()
         bn, bk = t.shape[0] // s.shape[0], t.shape[1] // s.shape[1]
         return (t.float() * s.repeat_interleave(bn, 0).repeat_interleave(bk, 1)).to(torch.bfloat16)
-    return Source([[w]], transform=fn, extra=[sc])
+    return Source([[w]], transform=fn, extra=[sc], whole_first=True)
 
 
 def ape_overlap(t, shape):
@@ -264,7 +272,7 @@ def source_mtp(ck: dict, name: str, n_experts: int):
 
 
 def rank_main(out: str, layout: str, rank: int, port: int, selftest: bool) -> int:
-    from _values import CORRUPTIONS, load_file
+    from _values import CORRUPTIONS, load_file, other_ranks_expert
     print(f"output={Path(out).name} torch {torch.__version__} cuda={CUDA} "
           f"SGLANG_DSV4_FP4_EXPERTS={os.environ['SGLANG_DSV4_FP4_EXPERTS']} layout={layout} rank={rank}")
     try:
@@ -282,9 +290,11 @@ def rank_main(out: str, layout: str, rank: int, port: int, selftest: bool) -> in
     n_exp = mc.hf_config.n_routed_experts
     base = {"casts": CASTS, "rank": par.tp_rank, "world": par.tp_size,
             "ep_rank": par.moe_ep_rank if ep else 0, "ep_world": par.moe_ep_size if ep else 1}
-    checks = {"main": dict(base, foreign=lambda n: n.startswith("mtp."),
+    def elsewhere(n):  # with EP, the other rank loads the other block of experts
+        return other_ranks_expert(n, base["ep_rank"], base["ep_world"], n_exp)
+    checks = {"main": dict(base, foreign=lambda n: n.startswith("mtp.") or elsewhere(n),
                            source_of=lambda n: source_main(ck, n, n_exp, mc.hf_config.compress_ratios)),
-              "mtp": dict(base, foreign=lambda n: not n.startswith("mtp."),
+              "mtp": dict(base, foreign=lambda n: not n.startswith("mtp.") or elsewhere(n),
                           source_of=lambda n: source_mtp(ck, n, n_exp))}
     models, results, status = {}, [], 0
     for label in ("main", "mtp"):
@@ -299,13 +309,18 @@ def rank_main(out: str, layout: str, rank: int, port: int, selftest: bool) -> in
         r = lc.load_and_report(model, out, default_weight_loader,
                                f" ({type(model).__name__}, device {get_device_name()}, dtype {cfg.dtype})",
                                checks[label], label=label, after=share(models) if label == "mtp" else None)
-        results.append(lc.result_line("sglang", out, label, layout, rank, r))
+        results.append((label, r, cfg.dtype))
         status = max(status, r["status"])
     if selftest and len(models) == 2:
         status = max(status, lc.selftest(models, checks, out, default_weight_loader, CORRUPTIONS,
                                          after={"mtp": share(models)}))
-    for line in results:
-        print(line)
+    for label, r, dtype in results:  # last: it rewrites the parameters
+        print(f"[{label}] quant methods' process_weights_after_loading, module by module (CPU):")
+        r["post"] = lc.post_process(models[label], dtype)
+        r["status"] = max(r["status"], int(r["post"] == "FAIL"))
+        status = max(status, r["status"])
+    for label, r, _ in results:
+        print(lc.result_line("sglang", out, label, layout, rank, r))
     return status
 
 

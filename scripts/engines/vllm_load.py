@@ -175,7 +175,7 @@ def config(out: str, layout: str):
 def rank_main(out: str, layout: str, rank: int, init: str, selftest: bool) -> int:
     import _load_check as lc
     import vllm
-    from _values import CORRUPTIONS
+    from _values import CORRUPTIONS, other_ranks_expert
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.model_loader.utils import initialize_model
@@ -208,10 +208,12 @@ def rank_main(out: str, layout: str, rank: int, init: str, selftest: bool) -> in
         tp_rank = get_tensor_model_parallel_rank()
         # with EP the experts are whole on each rank (a block of experts); other layers are TP-sliced
         base = {"casts": CASTS, "rank": tp_rank, "world": world, "ep_rank": ep_rank, "ep_world": ep_world}
-        main_chk = dict(base, foreign=lambda n: n.startswith("mtp."),
+        def elsewhere(n):  # with EP, the other rank loads the other block of experts
+            return other_ranks_expert(n, ep_rank, ep_world, hf.n_routed_experts)
+        main_chk = dict(base, foreign=lambda n: n.startswith("mtp.") or elsewhere(n),
                         source_of=lambda n: source_of_main(n, hf.n_routed_experts, pad_shared))
         draft_cfg = cfg.speculative_config.draft_model_config
-        mtp_chk = dict(base, foreign=lambda n: not n.startswith("mtp."),
+        mtp_chk = dict(base, foreign=lambda n: not n.startswith("mtp.") or elsewhere(n),
                        source_of=lambda n: source_of_mtp(n, hf.num_hidden_layers, hf.n_routed_experts, pad_shared))
         models = {}
         for label, kw, chk in (("main", {}, main_chk), ("mtp", {"model_config": draft_cfg}, mtp_chk)):
@@ -225,13 +227,18 @@ def rank_main(out: str, layout: str, rank: int, init: str, selftest: bool) -> in
             models[label] = model
             r = lc.load_and_report(model, out, default_weight_loader, f" ({type(model).__name__})", chk,
                                    label=label, after=share_from_main(models) if label == "mtp" else None)
-            results.append(lc.result_line("vllm", out, label, layout, rank, r))
+            results.append((label, r))
             status = max(status, r["status"])
         if selftest and "main" in models and "mtp" in models:
             status = max(status, lc.selftest(models, {"main": main_chk, "mtp": mtp_chk}, out, default_weight_loader,
                                              CORRUPTIONS, after={"mtp": share_from_main(models)}))
-    for line in results:
-        print(line)
+        for label, r in results:  # last: it rewrites the parameters
+            print(f"[{label}] process_weights_after_loading, module by module (CPU):")
+            r["post"] = lc.post_process(models[label], cfg.model_config.dtype)
+            r["status"] = max(r["status"], int(r["post"] == "FAIL"))
+            status = max(status, r["status"])
+    for label, r in results:
+        print(lc.result_line("vllm", out, label, layout, rank, r))
     return status
 
 
