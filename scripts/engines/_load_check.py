@@ -222,20 +222,23 @@ CUDA_ONLY = ("CUDA-only", "NVIDIA driver", "not compiled with CUDA", "no CUDA GP
              "from the 'CPU' backend")  # a torch op registered for CUDA only
 
 
-def post_process(model, dtype) -> str:
+def post_process(model, dtype, deferred=None) -> str:
     """Each module's quant_method.process_weights_after_loading (the loop of vLLM's model_loader/utils.py
     process_weights_after_loading and of SGLang's DefaultModelLoader.load_weights_and_postprocess), then
-    attention layers' own process_weights_after_loading(dtype), one module at a time so that one stop does not
-    hide the rest. Prints per method how many modules ran and where each stop is. Returns "ok", "cuda-only" (every
-    stop is a CUDA-only kernel or library) or "FAIL"."""
+    the layers `deferred` picks (vLLM's attention layers) with their own process_weights_after_loading(dtype),
+    then the model's own one if it has it; one module at a time so that one stop does not hide the rest. Prints
+    per method how many modules ran and where each stop is. Returns "ok", "cuda-only" (every stop is a CUDA-only
+    kernel or library) or "FAIL"."""
     runs, stops = Counter(), {}
     for name, mod in model.named_modules():
         qm = getattr(mod, "quant_method", None)
         steps = []
         if qm is not None and hasattr(qm, "process_weights_after_loading"):
             steps.append((type(qm).__name__, lambda qm=qm, mod=mod: qm.process_weights_after_loading(mod)))
-        elif qm is None and hasattr(mod, "process_weights_after_loading") and mod is not model:
+        if deferred is not None and deferred(mod):
             steps.append((type(mod).__name__, lambda mod=mod: mod.process_weights_after_loading(dtype)))
+        if mod is model and callable(getattr(model, "process_weights_after_loading", None)):
+            steps.append((f"{type(mod).__name__} (model)", lambda: model.process_weights_after_loading()))
         for label, step in steps:
             try:
                 with torch.no_grad():

@@ -15,7 +15,7 @@ SGLANG_VERSION=0.5.23
 VLLM_NEEDS="torch transformers compressed-tensors safetensors pydantic msgspec regex cachetools psutil sentencepiece
   numpy requests tqdm blake3 py-cpuinfo huggingface_hub tokenizers protobuf pyyaml einops cloudpickle pyzmq filelock
   cbor2 pybase64 setproctitle aiohttp fastapi openai prometheus_client pillow partial-json-parser jsonschema
-  watchfiles python-json-logger ninja ijson oss-harmony xgrammar llguidance loguru uvloop triton_kernels"
+  watchfiles python-json-logger ninja ijson oss-harmony xgrammar llguidance apache-tvm-ffi loguru uvloop triton_kernels"
 SGLANG_NEEDS="torch torchvision transformers tokenizers sentencepiece compressed-tensors safetensors loguru gguf openai
   sniffio partial_json_parser apache-tvm-ffi pybase64 dill attrs aiohttp starlette ipython pillow pyzmq pyyaml msgspec
   orjson psutil requests tqdm numpy pydantic fastapi uvicorn einops setproctitle"

@@ -178,6 +178,7 @@ def rank_main(out: str, layout: str, rank: int, init: str, selftest: bool) -> in
     from _values import CORRUPTIONS, other_ranks_expert
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.layers.attention import is_deferred_attention_layer
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -234,7 +235,7 @@ def rank_main(out: str, layout: str, rank: int, init: str, selftest: bool) -> in
                                              CORRUPTIONS, after={"mtp": share_from_main(models)}))
         for label, r in results:  # last: it rewrites the parameters
             print(f"[{label}] process_weights_after_loading, module by module (CPU):")
-            r["post"] = lc.post_process(models[label], cfg.model_config.dtype)
+            r["post"] = lc.post_process(models[label], cfg.model_config.dtype, is_deferred_attention_layer)
             r["status"] = max(r["status"], int(r["post"] == "FAIL"))
             status = max(status, r["status"])
     for label, r in results:
