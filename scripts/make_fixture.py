@@ -13,8 +13,10 @@ p.add_argument("--sparse", action="store_true", help="shards hold their headers 
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
 p.add_argument("--experts", type=int, default=None)
+p.add_argument("--inter", type=int, default=None, help="override the routed/shared experts' intermediate size")
 p.add_argument("--index-head-dim", type=int, default=None, help="indexer head size (engines' kernels take 128 only)")
 args = p.parse_args()
-given = {"seed": args.seed, "layers": args.layers, "experts": args.experts, "index_head_dim": args.index_head_dim}
+given = {"seed": args.seed, "layers": args.layers, "experts": args.experts, "inter": args.inter,
+         "index_head_dim": args.index_head_dim}
 overrides = {k: v for k, v in given.items() if v is not None}
 print(make_checkpoint(args.out, args.preset, sparse=args.sparse, **overrides))

@@ -107,11 +107,15 @@ def expert_skip_list(model: ModelSpec) -> list[str]:
     engines match (docs/ENGINES.md): `layers.N.ffn.experts` (DeepSeek's; transformers renames it to
     `layers.N.mlp.experts` and matches it as a suffix), `layers.N.mlp.experts` (SGLang matches
     `model.layers.N.mlp.experts` exactly and keeps both `X` and `model.X` of each entry), and vLLM's own module name
-    (`vllm_experts_module`: its DeepSeek V4 quant config matches routed experts exactly). `lm_head` first:
+    (`vllm_experts_module`: its DeepSeek V4 quant config matches routed experts exactly); for MTP block 0 also
+    `model.decoder.mlp.experts`, the module of SGLang's MTP draft model (DeepseekV4ForCausalLMNextN builds that block
+    as `model.decoder`; without the entry its BF16 experts are cast into FP8 parameters). `lm_head` first:
     transformers stops skipping it once a list is given."""
     names = ["lm_head"]
     for block in model.moe_blocks:
         names += [f"{block}.ffn.experts", f"{block}.mlp.experts", vllm_experts_module(model, block)]
+        if block == "mtp.0":
+            names.append("model.decoder.mlp.experts")
     return names
 
 

@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from _values import compare_all, load_file
 
 SENTINEL_INT = 0x5A  # byte written into every element of integer / fp8-scale parameters before loading
 
@@ -42,6 +43,8 @@ def fill_sentinel(model) -> dict:
     pats = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if getattr(p, "_skip_weight_check", False):  # engine-set when no file has it: kept as constructed
+                continue
             try:
                 if p.dtype.is_floating_point:
                     p.data.fill_(float("nan"))
@@ -57,6 +60,8 @@ def unfilled(model, pats: dict) -> tuple[list, list]:
     """(parameters still wholly sentinel, parameters partly sentinel), compared byte for byte."""
     whole, part = [], []
     for name, p in model.named_parameters():
+        if name not in pats:
+            continue
         b = p.data.reshape(-1).view(torch.uint8).reshape(p.numel(), -1)
         hit = (b == pats[name]).all(dim=1)
         if hit.all():
@@ -97,15 +102,13 @@ class Trace:
             return out
         return traced
 
-    def weights(self, folder: str):
-        from safetensors import safe_open
-        for shard in sorted(Path(folder).glob("*.safetensors")):
-            with safe_open(str(shard), framework="pt") as f:
-                for n in f.keys():  # noqa: SIM118 - safe_open is no dict
-                    self.current, t = n, f.get_tensor(n)
-                    self.origin[_storage(t)] = {n}
-                    self.keep.append(t)  # alive, so that no later tensor reuses its address
-                    yield n, t
+    def weights(self, tensors: dict):
+        for n, t in tensors.items():
+            t = t.clone()  # a tensor of its own: the engine may write into it, and origins are by storage
+            self.current = n
+            self.origin[_storage(t)] = {n}
+            self.keep.append(t)  # alive, so that no later tensor reuses its address
+            yield n, t
 
     def derived(self):
         """Torch function mode: a tensor computed from traced checkpoint tensors (cat, dequantize, ...) is
@@ -131,13 +134,12 @@ def _storage(t) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
+def report(model, names: list, pats: dict, tr: "Trace", returned, foreign) -> int:
     whole, part = unfilled(model, pats)
     params = dict(model.named_parameters())
-    # the engine marks parameters a checkpoint may lack (SGLang's FP8 KV-cache k_scale / v_scale, set to 1.0 after
-    # loading when absent); they stay sentinel here by design
-    optional = [n for n in whole if getattr(params[n], "_skip_weight_check", False)]
-    whole = [n for n in whole if n not in optional]
+    # the engine marks parameters a checkpoint may lack (SGLang's FP8 KV-cache k_scale / v_scale, -1.0 until its
+    # post-load step sets 1.0 when absent); not sentinel-filled, reported apart
+    optional = [n for n in params if n not in pats]
     unused = [n for n in names if n not in tr.consumed]
     print(f"tensors offered: {len(names)}; consumed (a weight_loader took them): {len(tr.consumed)}; "
           f"names load_weights returned: {len(returned) if returned is not None else '-'}")
@@ -146,10 +148,10 @@ def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
           + (f", {len(optional)} not in the checkpoint by the engine's design" if optional else ""))
     for k, (c, w) in sorted(tr.errors.items()):
         print(f"  weight_loader raised on {k} x{c}:{w}")
-    mtp = [n for n in unused if n.startswith("mtp.")]
-    if mtp:  # the main model's mapper drops mtp.*; the speculative (MTP) draft model loads them
-        print(f"  not consumed: mtp.* x{len(mtp)} (MTP block, not part of the main model)")
-    not_consumed = [n for n in unused if not n.startswith("mtp.")]
+    other = [n for n in unused if foreign(n)]
+    if other:  # the main model drops mtp.*, the MTP draft model all but mtp.*: the other model loads them
+        print(f"  not consumed: x{len(other)} belonging to the other model (main / MTP draft) or another EP rank")
+    not_consumed = [n for n in unused if not foreign(n)]
     for title, items in (("not consumed", not_consumed), ("still all-sentinel", whole), ("partly sentinel", part),
                          ("not in the checkpoint (engine-marked optional)", optional),
                          ("dtype converted by the loader (loaded -> param)", tr.mismatch)):
@@ -160,19 +162,96 @@ def report(model, names: list, pats: dict, tr: "Trace", returned) -> int:
     return int(bool(not_consumed or whole or part or tr.errors))
 
 
-def load_and_report(model, out: str, weight_loader, built: str) -> int:
+def load_and_report(model, out: str, weight_loader, built: str, check, corrupt=None, label="main",
+                    after=None) -> dict:
     """The part both engines share once their model is built: quant method per layer kind, sentinel fill, the
-    engine's own load_weights over every tensor of OUT (traced), and the report; the exit status."""
-    print(f"built on cpu{built}: {sum(1 for _ in model.named_parameters())} parameters")
-    for k, v in quant_methods(model).items():
-        print(f"  quant method {k}: {v}")
+    engine's own load_weights over every tensor of OUT (traced), then every parameter compared with the file.
+    `check` holds source_of, casts, optional, rank/world (see compare_all). Returns the counts and the status."""
+    print(f"[{label}] built on cpu{built}: {sum(1 for _ in model.named_parameters())} parameters")
+    if corrupt is None:
+        for k, v in quant_methods(model).items():
+            print(f"  quant method {k}: {v}")
+    ck = load_file(out, corrupt)  # the reference: what the file holds
+    handed = ck if corrupt is None or corrupt.in_file else corrupt.apply(ck)
+    handed = {n: t for n, t in handed.items() if check.get("offer", lambda n: True)(n)}
     pats = fill_sentinel(model)
     tr = Trace(model, weight_loader)
     names, returned, stopped = [], None, False
     try:
         with tr.derived():
-            returned = model.load_weights((n, t) for n, t in tr.weights(out) if not names.append(n))
+            returned = model.load_weights((n, t) for n, t in tr.weights(handed) if not names.append(n))
     except Exception as exc:  # report where the engine's own code stops
         stopped = True
         print(f"STOP in load_weights (last tensor read: {tr.current}): {where(exc)}")
-    return max(report(model, names, pats, tr, returned), int(stopped))
+    if after is not None and not stopped:
+        after(model)  # what the engine does next with this model (e.g. the MTP draft's shared weights)
+    status = max(report(model, names, pats, tr, returned, check.get("foreign", lambda n: False)), int(stopped))
+    equal, fails, covered = compare_all(model, ck, check, tag=f" [{label}]")
+    n_params = sum(1 for _ in model.named_parameters())
+    status = max(status, int(bool(fails)), int(equal == 0))
+    return {"offered": len(names), "consumed": len(tr.consumed), "params": n_params, "equal": equal,
+            "files_covered": len(covered), "status": status}
+
+
+def result_line(engine: str, out: str, model: str, layout: str, rank: int, r: dict) -> str:
+    """One machine-readable line per (engine, output, model, layout, rank); run.sh tabulates them."""
+    return (f"RESULT engine={engine} output={Path(out).name} model={model} layout={layout} rank={rank} "
+            f"offered={r['offered']} consumed={r['consumed']} params={r['params']} equal={r['equal']} "
+            f"post={r.get('post', '-')} status={'ok' if r['status'] == 0 else 'FAIL'}")
+
+
+def selftest(models: dict, checks: dict, out: str, weight_loader, corruptions: dict, after=None) -> int:
+    """Load again with each corruption (main model, or MTP for the mtp_* ones): each must make the check fail.
+    Returns 1 when one was not caught."""
+    missed = []
+    for c in corruptions.values():
+        label = "mtp" if c.name.startswith("mtp_") else "main"
+        print(f"--- self-test {c.name}: {c.doc}")
+        r = load_and_report(models[label], out, weight_loader, "", checks[label], corrupt=c, label=label,
+                            after=(after or {}).get(label))
+        print(f"SELFTEST {c.name}: {'caught' if r['status'] else 'NOT CAUGHT'}")
+        if not r["status"]:
+            missed.append(c.name)
+    print(f"SELFTEST summary: {len(corruptions) - len(missed)} of {len(corruptions)} corruptions caught"
+          + (f"; not caught: {missed}" if missed else ""))
+    return int(bool(missed))
+
+
+CUDA_ONLY = ("CUDA-only", "NVIDIA driver", "not compiled with CUDA", "no CUDA GPUs", "CUDA driver", "libcuda",
+             "cudaGetDevice", "CUDA error", "CUDA_HOME", "nvcc", "triton", "Triton",
+             "from the 'CPU' backend")  # a torch op registered for CUDA only
+
+
+def post_process(model, dtype, deferred=None) -> str:
+    """Each module's quant_method.process_weights_after_loading (the loop of vLLM's model_loader/utils.py
+    process_weights_after_loading and of SGLang's DefaultModelLoader.load_weights_and_postprocess), then
+    the layers `deferred` picks (vLLM's attention layers) with their own process_weights_after_loading(dtype),
+    then the model's own one if it has it; one module at a time so that one stop does not hide the rest. Prints
+    per method how many modules ran and where each stop is. Returns "ok", "cuda-only" (every stop is a CUDA-only
+    kernel or library) or "FAIL"."""
+    runs, stops = Counter(), {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        steps = []
+        if qm is not None and hasattr(qm, "process_weights_after_loading"):
+            steps.append((type(qm).__name__, lambda qm=qm, mod=mod: qm.process_weights_after_loading(mod)))
+        if deferred is not None and deferred(mod):
+            steps.append((type(mod).__name__, lambda mod=mod: mod.process_weights_after_loading(dtype)))
+        if mod is model and callable(getattr(model, "process_weights_after_loading", None)):
+            steps.append((f"{type(mod).__name__} (model)", lambda: model.process_weights_after_loading()))
+        for label, step in steps:
+            try:
+                with torch.no_grad():
+                    step()
+                runs[label] += 1
+            except Exception as exc:  # noqa: BLE001  (reported per method, the rest still run)
+                stops.setdefault(label, [0, kind(name), where(exc)])[0] += 1
+    verdict = "ok"
+    for label in sorted(set(runs) | set(stops)):
+        print(f"  post-load {label}: {runs[label]} modules ran" + (f", {stops[label][0]} stopped" if label in stops
+                                                                     else ""))
+    for label, (_count, first, w) in sorted(stops.items()):
+        cuda = any(k in w for k in CUDA_ONLY)
+        print(f"  post-load {label} stops {'at a CUDA-only step' if cuda else 'UNEXPECTEDLY'} (first {first}):{w}")
+        verdict = "FAIL" if not cuda else ("cuda-only" if verdict == "ok" else verdict)
+    return verdict

@@ -71,6 +71,8 @@ def test_config_has_no_expert_dtype_skips_experts_and_small_files_copied(tiny_ck
     # vLLM matches its own module names exactly; the MTP block is its layer num_hidden_layers + k
     vllm_names = {"model.layers.0.ffn.experts", "model.layers.3.ffn.experts"}
     assert vllm_names <= set(cfg["quantization_config"]["ignored_layers"])
+    # SGLang's MTP draft model matches its own module name exactly: the block is model.decoder
+    assert "model.decoder.mlp.experts" in cfg["quantization_config"]["ignored_layers"]
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (bf16_out / name).read_bytes() == (tiny_ckpt / name).read_bytes()
 

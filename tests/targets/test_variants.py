@@ -95,8 +95,10 @@ def test_variant_config_drops_expert_dtype_and_skips_the_experts(variant):
     skip = after["quantization_config"].pop("ignored_layers")
     assert after["quantization_config"] == q_before
     source = open_source(str(variant["src"]))
-    # one name per block in DeepSeek's, SGLang's and vLLM's spelling
-    assert skip[0] == "lm_head" and len(skip) == 1 + 3 * len(source.model.moe_blocks)
+    # one name per block in DeepSeek's, SGLang's and vLLM's spelling, and SGLang's MTP draft module for mtp.0
+    has_mtp = "mtp.0" in source.model.moe_blocks
+    assert skip[0] == "lm_head" and len(skip) == 1 + 3 * len(source.model.moe_blocks) + has_mtp
+    assert ("model.decoder.mlp.experts" in skip) == has_mtp
     assert all(f"{b}.ffn.experts" in skip and f"{b}.mlp.experts" in skip for b in source.model.moe_blocks)
     if variant["id"] == "v4.1":
         assert after["text_config"] == before["text_config"] and after["vision_config"] == before["vision_config"]
