@@ -1,5 +1,5 @@
 """The first ten minutes, as a user meets them: every point runs the CLI as a user does and matches what it
-prints and its exit code (issue 18)."""
+prints and its exit code."""
 
 import json
 import re

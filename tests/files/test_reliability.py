@@ -1,4 +1,4 @@
-"""Reliability (issue 6): crash-resume, bad inputs through the CLI, header fuzzing, secrets, integrity.
+"""Reliability: crash-resume, bad inputs through the CLI, header fuzzing, secrets, integrity.
 
 The long versions are scripts: scripts/reliability/crash_resume.py (20 SIGKILLs), scripts/reliability/fuzz_headers.py
 (100,000 inputs, hypothesis or atheris), scripts/reliability/flip_bytes.py (100 flips); docs/RELIABILITY.md

@@ -1,5 +1,5 @@
 """`inspect` and `--dry-run` of a Hub repo id read config.json, the index and each shard's header from the Hub, and
-no weights (issue 18). A fake Hub on 127.0.0.1 (tests/helpers/hub_files.py) serves the tiny checkpoint; the CLI runs
+no weights. A fake Hub on 127.0.0.1 (tests/helpers/hub_files.py) serves the tiny checkpoint; the CLI runs
 as a user runs it, in a process of its own pointed there by HF_ENDPOINT."""
 
 import json

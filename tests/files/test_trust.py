@@ -1,4 +1,4 @@
-"""Trust boundary (issue 15): names, sizes and hashes read from SRC and OUT are checked, never trusted.
+"""Trust boundary: names, sizes and hashes read from SRC and OUT are checked, never trusted.
 
 One section per class of docs/RELIABILITY.md's threat model: the JSON loader, the path rule, source identity
 and --resume, folder guards (lock, identity of SRC vs OUT, tool-named files, signals, temporaries), bounds from

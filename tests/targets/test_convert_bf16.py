@@ -64,7 +64,7 @@ def test_other_tensors_copied_byte_for_byte_and_scales_dropped(tiny_ckpt, bf16_o
 
 def test_config_has_no_expert_dtype_skips_experts_and_small_files_copied(tiny_ckpt, bf16_out):
     cfg = json.loads((bf16_out / "config.json").read_text())
-    assert "expert_dtype" not in cfg  # transformers and vLLM accept only fp4/fp8 (issue 17)
+    assert "expert_dtype" not in cfg  # transformers and vLLM accept only fp4/fp8
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
     assert {"lm_head", "layers.0.ffn.experts", "layers.0.mlp.experts", "mtp.0.ffn.experts"} <= \
         set(cfg["quantization_config"]["ignored_layers"])
