@@ -661,17 +661,19 @@ def test_a_ctrl_c_while_a_lane_waits_for_a_shard_stops_that_shard_too(tiny_ckpt,
     from fimoe_convert.pipeline import lanes
 
     jobs, real_init, real_next, real_join = [], lanes._ShardJob.__init__, lanes._ShardJob._next, lanes._ShardJob.join
+    lane_waits = threading.Event()
 
     def init(self, *a):
         real_init(self, *a)
         jobs.append(self)
 
     def slow_next(self):
-        time.sleep(0.05)  # a slow disk: the shard is still being written when the lane waits for it
+        lane_waits.wait(60)  # a slow disk: the shard is still being written when the lane waits for it
         return real_next(self)
 
     def join(self):
         if self.thread.is_alive():
+            lane_waits.set()
             raise _Interrupt  # Ctrl-C during the wait
         real_join(self)
 
@@ -680,7 +682,8 @@ def test_a_ctrl_c_while_a_lane_waits_for_a_shard_stops_that_shard_too(tiny_ckpt,
     monkeypatch.setattr(lanes._ShardJob, "join", join)
     with pytest.raises(_Interrupt):
         convert(str(tiny_ckpt), str(tmp_path / "out"), "bf16", shard_size="1MB", writers=writers)
-    assert jobs and [j.shard.filename for j in jobs if j.thread.is_alive()] == []
+    # every writer has run to its end (its thread may still be exiting: `done` is set as its last step)
+    assert jobs and [j.shard.filename for j in jobs if not j.done.is_set()] == []
     assert not list((tmp_path / "out").glob("*.fimoe-tmp"))
 
 
@@ -690,14 +693,17 @@ def test_a_real_ctrl_c_during_the_last_wait_returns_after_every_writer_ended(tin
     """A SIGINT that lands while the main thread waits for a shard (or a lane) to finish: convert() raises only
     after that writer ended. Thread.join(timeout) cut short by the signal would call a running thread ended."""
     from fimoe_convert import convert
-    from fimoe_convert.console import Interrupted, signals_interrupt
+    from fimoe_convert.console import Interrupted, signals_interrupt, stopped_by
 
     main_thread, ended = threading.main_thread().ident, []
 
     def progress(done, total):
         if done == total:  # the last part: the main thread has handed everything on and waits
             signal.pthread_kill(main_thread, signal.SIGINT)
-            time.sleep(0.5)  # still writing when the signal's handler has run
+            deadline = time.monotonic() + 10
+            while stopped_by() is None and time.monotonic() < deadline:
+                pass  # until the signal's handler has run in the main thread
+            time.sleep(0.5)  # still writing after it: long enough for a convert() that did not wait to return
             ended.append(True)
 
     with signals_interrupt(), pytest.raises(Interrupted):

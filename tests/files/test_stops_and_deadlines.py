@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def test_a_request_has_an_overall_deadline(chunks, limit, late, result):
 def test_a_signal_ends_inspect_of_a_hub_repo_stuck_on_a_slow_server(tiny_ckpt, tmp_path, signum, times):
     from helpers.hub_files import HubFiles
 
+    dripping = threading.Event()
+
     class Drip(HubFiles):
         """Shard headers sent one byte every 0.2 s: never a read timeout, never an end."""
 
@@ -59,7 +62,8 @@ def test_a_signal_ends_inspect_of_a_hub_repo_stuck_on_a_slow_server(tiny_ckpt, t
                 for _ in range(600):
                     h.wfile.write(b"\0")
                     h.wfile.flush()
-                    time.sleep(0.2)
+                    dripping.set()  # the client reads a shard header, stuck on this server
+                    time.sleep(0.2)  # the slow server itself
             except OSError:
                 pass
 
@@ -69,14 +73,11 @@ def test_a_signal_ends_inspect_of_a_hub_repo_stuck_on_a_slow_server(tiny_ckpt, t
         proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", "inspect", "org/tiny-v4"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        t0 = time.monotonic()
-        while not any(p.endswith(".safetensors") for _, p, _ in hub.requests) and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        time.sleep(0.5)
+        assert dripping.wait(60), "no shard header was asked for within 60 s"
         sent = time.monotonic()
         for _ in range(times):  # a second Ctrl-C during the clean-up changes nothing
             proc.send_signal(signum)
-            time.sleep(0.02)
+            time.sleep(0.02)  # apart: signals sent together may arrive as one
         try:
             _, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
@@ -127,8 +128,7 @@ def test_a_rank_whose_peers_never_come_stops_in_time_or_on_a_signal(tiny_ckpt, t
     t0 = time.monotonic()
     if signum is not None:
         while not _listening(port) and proc.poll() is None and time.monotonic() - t0 < 60:
-            time.sleep(0.05)
-        time.sleep(0.3)
+            time.sleep(0.05)  # until rank 0 opens the store: its wait for the peers has begun
         assert proc.poll() is None, proc.communicate()
         t0 = time.monotonic()
         proc.send_signal(signum)
@@ -207,8 +207,6 @@ def test_a_ctrl_c_while_the_cli_loads_prints_one_line(tmp_path, module, how):
 def test_a_stop_during_the_torch_import_is_raised_after_it(signal_handlers, signum):
     """A compiled extension's initialization calls Python from C++ frames that cannot pass an exception on (exit -6
     once, in the middle of `import torch`): inside signals_deferred the stop is held, and raised when it ends."""
-    import threading
-
     from fimoe_convert.console import Interrupted, signals_deferred, signals_interrupt, stopped_by
 
     reached_end = False
@@ -224,8 +222,6 @@ def test_a_stop_during_the_torch_import_is_raised_after_it(signal_handlers, sign
 def test_a_stop_that_ended_an_earlier_command_is_not_raised_again(signal_handlers):
     """A library call after a command a Ctrl-C stopped, in the same process (convert() imports torch inside
     signals_deferred): the old stop is not raised again."""
-    import threading
-
     from fimoe_convert.console import Interrupted, signals_deferred, signals_interrupt, stopped_by
 
     with signals_interrupt(), pytest.raises(Interrupted):

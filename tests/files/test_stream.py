@@ -11,6 +11,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import fimoe_convert.files.sources.http_range as http_range
 from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
 from fimoe_convert.errors import InputError, UsageError
+from fimoe_convert.files.output import manifest as manifest_mod
 from fimoe_convert.files.sources.stream import StreamedSource, end_early, open_streamed, stream_early
 from fimoe_convert.kernels import KERNELS, Kernel
 from fimoe_convert.targets.rules import availability
@@ -109,6 +111,20 @@ def shard_gets(server, name):
     return [r for m, p, r in server.requests if m == "GET" and p.endswith("/" + name)]
 
 
+def first_written_shard(monkeypatch) -> threading.Event:
+    """Set once this process's conversion writes a manifest that records a shard as written."""
+    event = threading.Event()
+    real = manifest_mod.write_manifest
+
+    def write(out_dir, manifest):
+        real(out_dir, manifest)
+        if "written" in manifest.status.values():
+            event.set()
+
+    monkeypatch.setattr(manifest_mod, "write_manifest", write)
+    return event
+
+
 @pytest.fixture(scope="module")
 def moe_ep_workers(tmp_path_factory):
     """`ask(kernel, case)`: convert_both in a worker process, one for FlashInfer's SM90 moe_ep kernels and one for
@@ -171,10 +187,15 @@ def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt,
     shard_bytes = sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
     stream_early(REPO, None, cap)
     early = open_streamed(REPO, None)  # the source stream_early opened, which convert() takes
-    seen, deadline = -1, time.time() + 60
-    while early.fetched != seen and early.fetched < shard_bytes and time.time() < deadline:  # until it waits
-        seen = early.fetched
-        time.sleep(0.5)
+    if cap > shard_bytes:  # every shard streams: until the last byte arrives
+        deadline = time.monotonic() + 60
+        while early.fetched < shard_bytes and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:  # the streams wait for room: until no byte arrives for a while (under load, a pause passes this check too)
+        seen, deadline = -1, time.monotonic() + 60
+        while early.fetched != seen and time.monotonic() < deadline:
+            seen = early.fetched
+            time.sleep(0.5)
     assert (early.fetched == shard_bytes) == (cap > shard_bytes), early.fetched
     out = tmp_path / "streamed"
     try:
@@ -255,13 +276,15 @@ def test_a_server_that_ignores_range_streams_each_shard_whole(served, tiny_ckpt,
 
 
 def test_a_5xx_and_a_stall_are_asked_again(served, tiny_ckpt, tmp_path, monkeypatch):
-    monkeypatch.setattr(http_range, "STALL_SECONDS", 0.5)
-    stalled = set()
+    monkeypatch.setattr(http_range, "STALL_SECONDS", 2.0)  # a loaded machine's pauses stay shorter than this
+    stalled, asked_again = set(), threading.Event()
 
     def stall(name, start, part):
         if name == SHARDS[1] and name not in stalled:
             stalled.add(name)
-            time.sleep(2)
+            asked_again.wait(60)  # silent until the client gives up on this answer and asks again
+        elif name == SHARDS[1]:
+            asked_again.set()
         return part
 
     when_streams_start(monkeypatch, lambda: (served.errors.update({SHARDS[0]: [503, 502]}),
@@ -277,13 +300,12 @@ def test_retries_are_bounded_and_resume_fetches_only_what_kept_shards_do_not_cov
     """A shard whose every answer drops at its first byte fails the run after RETRIES attempts, naming it (as a
     kill would, the run stops: shards verified so far stay recorded); --resume then keeps those shards and
     fetches only the source shards the rest needs."""
-    late, first = SHARDS[3], []
+    late, written = SHARDS[3], first_written_shard(monkeypatch)
 
-    def drop(name, start, part):  # the first answer after the others have streamed: the rest at once
+    def drop(name, start, part):  # answers from the first shard recorded as written on: the rest at once
         if name != late:
             return part
-        if not first:
-            first.append(time.sleep(2))
+        written.wait(60)
         return part[:0]
 
     when_streams_start(monkeypatch, lambda: setattr(served, "fault", drop))
@@ -341,21 +363,23 @@ def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, 
 
     late = SHARDS[3]
     size = (tiny_ckpt / late).stat().st_size
-    served.fault = lambda name, start, part: (time.sleep(60), part)[1] if name == late and len(part) == size else part
+    released = threading.Event()  # the stalled answer ends once the run is killed
+    served.fault = lambda name, start, part: (released.wait(60), part)[1] if (name, len(part)) == (late, size) else part
     out = tmp_path / "out"
     env = {**os.environ, "HF_ENDPOINT": served.url, "FIMOE_DEBUG": ""}
     proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", REPO, str(out), "--stream", "--shard-size", "1MB",
                              "-q"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     manifest = out / "fimoe-manifest.json"
     deadline = time.time() + 120
-    while time.time() < deadline:  # until the other source shards are verified and the lane waits for `late`
-        m = json.loads(manifest.read_text()) if manifest.exists() else {"source": {"files": {}}}
-        if all((m["source"]["files"].get(s) or {}).get("sha256") for s in SHARDS[:3]):
+    while time.time() < deadline:  # until the other source shards are verified and a shard is recorded as written
+        m = json.loads(manifest.read_text()) if manifest.exists() else {"source": {"files": {}}, "status": {}}
+        hashed = all((m["source"]["files"].get(s) or {}).get("sha256") for s in SHARDS[:3])
+        if hashed and "written" in m["status"].values():
             break
         time.sleep(0.2)
-    time.sleep(2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    released.set()
     kept = [f for f, st in json.loads(manifest.read_text())["status"].items() if st == "written"]
     assert kept, proc.stderr.read()
     served.fault = None

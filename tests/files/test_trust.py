@@ -24,6 +24,7 @@ import fimoe_convert.cli as cli_mod
 import fimoe_convert.conversion as conv_mod
 from fimoe_convert import convert
 from fimoe_convert.checkpoint import check_counts, model_spec_from_config
+from fimoe_convert.console import stopped_by
 from fimoe_convert.errors import InputError, ValidationError
 from fimoe_convert.files import hashing, jsonfile
 from fimoe_convert.files.jsonfile import HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, parse_json
@@ -650,14 +651,15 @@ def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, mon
     def abort(self):
         aborted.append(self.tmp)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again, while cleaning up
-        time.sleep(0.05)  # the handler runs in the main thread meanwhile
         real_abort(self)
 
     def progress_then_ctrl_c(*a, **kw):
         def progress(done, total):
             if done > total // 2:
                 os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.05)
+                deadline = time.monotonic() + 10
+                while stopped_by() is None and time.monotonic() < deadline:
+                    pass  # until the handler has run in the main thread: the clean-up comes after it
         return real(*a, **{**kw, "progress": progress})
 
     real = conv_mod.convert
