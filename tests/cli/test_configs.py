@@ -36,6 +36,7 @@ def test_there_are_presets():
     assert len(PRESETS) >= 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_preset_opens_with_its_command_and_dry_runs_at_its_geometry(path, published, tmp_path):
     first = path.read_text().splitlines()[0]

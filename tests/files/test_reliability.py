@@ -115,6 +115,7 @@ def assert_refused(r, out: Path, match: str, code: int = 1) -> None:
 # ------------------------------------------------------------------------------------------ crash-resume
 
 
+@pytest.mark.slow
 def test_crash_resume_three_sigkills(tmp_path):
     """The CI version of scripts/reliability/crash_resume.py: 3 SIGKILLs of the real CLI (while a shard is written,
     while the manifest is rewritten, while a source shard is read), then --resume: byte-identical to the reference."""
@@ -309,8 +310,8 @@ class _FullDisk:
 
 @pytest.mark.parametrize("victim, skip, budget, named", [
     # mid-shard, past the first: a lane writes two shards at once, and either open one may find the disk full
-    ("model-", 0, 2_500_000, r"model-0000[2-9]-of-000\d\d\.safetensors"),
-    (MANIFEST, 3, 100, re.escape(MANIFEST)),  # the 4th manifest rewrite
+    pytest.param("model-", 0, 2_500_000, r"model-0000[2-9]-of-000\d\d\.safetensors", marks=pytest.mark.slow),
+    pytest.param(MANIFEST, 3, 100, re.escape(MANIFEST), marks=pytest.mark.slow),  # the 4th manifest rewrite
     (INDEX, 0, 10, re.escape(INDEX)),  # while writing the final metadata
 ])
 def test_disk_full(tiny_ckpt, tmp_path, monkeypatch, victim, skip, budget, named):
@@ -371,6 +372,7 @@ def test_disk_full_in_one_of_three_writers(tiny_ckpt, tmp_path, monkeypatch):
     assert cli("verify", out).exit_code == 0
 
 
+@pytest.mark.slow
 def test_disk_full_on_a_real_tmpfs(tmp_path):
     """A real ENOSPC from the kernel: OUT on a small tmpfs (private mount namespace) that fills up mid-run."""
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "reliability" / "crash_resume.py"), "--enospc-tmpfs",
@@ -459,6 +461,7 @@ def run_and_signal(src: Path, out: Path, signum: int) -> tuple[int, str, str]:
     pytest.fail("5 runs finished before they could be interrupted")
 
 
+@pytest.mark.slow
 def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
     """SIGINT (Ctrl-C) to the real CLI mid-conversion: exit 130, one line, resumable."""
     out = tmp_path / "out"
@@ -474,6 +477,7 @@ def test_real_sigint_is_clean_and_resumable(tiny_ckpt, tmp_path):
 # ------------------------------------------------------------------------------------------------ fuzzing
 
 
+@pytest.mark.slow
 def test_fuzz_headers_short(monkeypatch):
     """The CI version of scripts/reliability/fuzz_headers.py: 2,000 hypothesis inputs; only FimoeError may escape."""
     fz = _script("fuzz_headers")
@@ -521,6 +525,7 @@ class _EchoingHub(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
     cache = tmp_path / "hub"
     seed_hub_cache(tiny_ckpt, cache, REPO, COMMIT)
@@ -569,6 +574,7 @@ def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
 # ---------------------------------------------------------------------------------------------- integrity
 
 
+@pytest.mark.slow
 def test_verify_detects_single_byte_flips(tmp_path):
     """The CI version of scripts/reliability/flip_bytes.py: 10 random single-byte flips across output shards."""
     r = _script("flip_bytes").flip_campaign(10, seed=1, workdir=tmp_path, log=lambda *a: None)
@@ -600,6 +606,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
         hash_inputs(source, files, threads).result()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, cores, writers, threads", [
     ("bf16", 16, 4, 3),  # output 1.9x the input (experts 3.8x, the rest copied): fewer hashers than the lanes
     ("megamoe_sm90_mxfp4", 16, 4, 4),  # output the size of the input: one per lane
@@ -622,6 +629,7 @@ class _Interrupt(KeyboardInterrupt):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset, target, opts, stop_at", [
     # expert-chunk units and kept scale pieces; the experts come after the shared tensors, so stop late
     ("tiny", "megamoe_sm90_mxfp4", {"ep_size": 2, "max_memory": "3MiB"}, 0.8),

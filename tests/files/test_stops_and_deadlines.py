@@ -39,6 +39,7 @@ def test_a_request_has_an_overall_deadline(chunks, limit, late, result):
         assert _read_at_most(iter(chunks), limit, deadline) == result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, times", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGINT, 2),
                                            (signal.SIGTERM, 3)])
 def test_a_signal_ends_inspect_of_a_hub_repo_stuck_on_a_slow_server(tiny_ckpt, tmp_path, signum, times):
@@ -112,6 +113,7 @@ main()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank, timeout_s, signum", [
     (0, 2, None),  # rank 0 holds the store and waits for rank 1
     (1, 1.5, None),  # rank 1 knocks at a store nobody opened
@@ -166,6 +168,7 @@ def _one_stop_line(rc: int, err: str, out: Path) -> None:
     assert not list(out.glob("*.fimoe-tmp")) if out.exists() else True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay_s", [1.0, 1.5, 2.0, 2.5, 3.5])
 def test_a_single_ctrl_c_at_any_moment_prints_one_line(tiny_ckpt, tmp_path, delay_s):
     out = tmp_path / "out"
@@ -299,6 +302,7 @@ main()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["INT", "TERM"])
 @pytest.mark.parametrize("args", [["targets"], ["verify", "no-such-folder"]])
 def test_a_signal_after_the_command_ended_changes_nothing(name, args):

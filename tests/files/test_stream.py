@@ -47,8 +47,9 @@ def target_cases():
             kw = {"params": params, "device": "cuda" if k.preprocess_needs_cuda else "cpu", "shard_size": "1MB"}
             kw |= {"ep_size": 2} if k.kernel_name else {}
             kw |= {"arch": k.capabilities[0]} if k.capabilities else {}
-            yield pytest.param(k, kw, marks=[pytest.mark.gpu] if k.preprocess_needs_cuda else [],
-                               id="-".join([k.name, *(f"{a}={b}" for a, b in params.items())]))
+            marks = [pytest.mark.gpu] if k.preprocess_needs_cuda else []
+            marks += [] if (k.name, params) == ("bf16", {}) else [pytest.mark.slow]  # bf16: the fast tier's case
+            yield pytest.param(k, kw, marks=marks, id="-".join([k.name, *(f"{a}={b}" for a, b in params.items())]))
 
 
 def skip_unless_it_converts_here(k: Kernel):
@@ -178,6 +179,7 @@ def test_stream_output_is_the_downloaded_conversion_byte_for_byte(served, moe_ep
         p.name for p in tiny_ckpt.iterdir() if p.suffix != ".safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", [64 << 20, 1 << 20])
 def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt, tmp_path, monkeypatch, cap):
     """stream_early (convert()'s, while torch is imported; here begun before the call) streams before the plan
@@ -208,6 +210,7 @@ def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt,
         assert shard_gets(served, s).count(f"bytes=0-{(tiny_ckpt / s).stat().st_size - 1}") == 1
 
 
+@pytest.mark.slow
 def test_a_tight_memory_budget_reads_again_what_it_could_not_keep(served, tiny_ckpt, tmp_path, monkeypatch):
     """With room for few tensors, streams skip tensors not yet asked for and the conversion fetches them again
     by range (checked against the hash of the bytes skipped): the same output."""
@@ -256,6 +259,7 @@ def cut_once(names, after: int):
     return fault
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ignore_range", [False, True])
 def test_a_dropped_connection_resumes_where_it_stopped(served, tiny_ckpt, tmp_path, monkeypatch, ignore_range):
     when_streams_start(monkeypatch, lambda: (setattr(served, "fault", cut_once(SHARDS, 50_000)),
@@ -268,6 +272,7 @@ def test_a_dropped_connection_resumes_where_it_stopped(served, tiny_ckpt, tmp_pa
         assert f"bytes=50000-{(tiny_ckpt / s).stat().st_size - 1}" in shard_gets(served, s)
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_range_streams_each_shard_whole(served, tiny_ckpt, tmp_path, monkeypatch):
     when_streams_start(monkeypatch, lambda: setattr(served, "ignore_range", True))
     out = tmp_path / "streamed"
@@ -275,6 +280,7 @@ def test_a_server_that_ignores_range_streams_each_shard_whole(served, tiny_ckpt,
     assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
 
 
+@pytest.mark.slow
 def test_a_5xx_and_a_stall_are_asked_again(served, tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(http_range, "STALL_SECONDS", 2.0)  # a loaded machine's pauses stay shorter than this
     stalled, asked_again = set(), threading.Event()
@@ -356,6 +362,7 @@ def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  #
         arrived(hub, "fimoe-test/tiny-bf16")["fimoe-manifest.json"]).hexdigest()
 
 
+@pytest.mark.slow
 def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, tmp_path, monkeypatch):
     """SIGKILL while the last source shard streams (its answer stalls): the shards recorded as finished are kept
     by --resume, which streams only the source shards the others need."""
@@ -399,6 +406,7 @@ def test_cli_flags_reach_the_library(served, tiny_ckpt, tmp_path):
     assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS) and got["upload"] is None
 
 
+@pytest.mark.slow
 def test_cli_upload_repo_prints_where_it_went(hub, tiny_ckpt, tmp_path):  # noqa: F811
     r = CliRunner().invoke(main, [str(tiny_ckpt), str(tmp_path / "out"), "--upload-repo", "fimoe-test/tiny-bf16"])
     assert r.exit_code == 0, r.output
@@ -428,6 +436,7 @@ def one_hub(served, monkeypatch, tmp_path):
     assert asked == []
 
 
+@pytest.mark.slow
 def test_stream_and_upload_repo_in_one_run(one_hub, served, tiny_ckpt, tmp_path, monkeypatch):
     """`--stream --upload-repo` on one Hub endpoint: SRC's shards stream in (none on disk), and the repo receives
     exactly OUT's files, byte for byte, which are the conversion of the downloaded repo."""

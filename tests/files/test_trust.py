@@ -519,7 +519,7 @@ def test_what_a_run_leaves_before_its_first_manifest_counts_as_empty(tiny_ckpt, 
     assert cli("verify", out).exit_code == 0
 
 
-@pytest.mark.parametrize("alias", ["symlink", "bind-mount"])
+@pytest.mark.parametrize("alias", ["symlink", pytest.param("bind-mount", marks=pytest.mark.slow)])
 def test_out_reaching_src_through_an_alias_is_refused(tiny_copy, tmp_path, alias):
     if alias == "symlink":
         (tmp_path / "alias").symlink_to(tiny_copy)
@@ -629,6 +629,7 @@ def test_copied_files_are_streamed(tmp_path):
     assert hashing.sha256_file(tmp_path / "copy") == hashing.sha256_file(big)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, word", [(signal.SIGTERM, "interrupted (SIGTERM)"), (signal.SIGHUP, "interrupted (SIGHUP)")]
 )
@@ -877,6 +878,7 @@ def test_verify_fails_a_manifest_that_lists_too_little(bf16_copy, change, match)
 # ------------------------------------------------------------------------------------------------ fuzzing
 
 
+@pytest.mark.slow
 def test_fuzz_json_short():
     """The CI version of scripts/reliability/fuzz_json.py: 1,500 config, index, manifest and status inputs."""
     import importlib.util

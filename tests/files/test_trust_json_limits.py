@@ -58,6 +58,7 @@ def test_the_item_count_bounds_the_parsed_items(text):
     assert count_items(text) >= _items(json.loads(text))
 
 
+@pytest.mark.slow
 def test_the_largest_real_files_fit_the_limits(tiny_ckpt):
     """V4-Pro's index (145,116 tensors) within a fifth of the byte and item limits; so are the tiny files."""
     from fimoe_convert.files.jsonfile import MAX_BYTES, MAX_ITEMS, count_items

@@ -118,7 +118,9 @@ FIFOS = [  # (where the FIFO goes, command, exit code, the error line)
 ]
 
 
-@pytest.mark.parametrize("where, args, code, match", FIFOS, ids=[a[0] if w is None else w for w, a, _, _ in FIFOS])
+@pytest.mark.parametrize("where, args, code, match", [  # a child process each: two in the fast tier
+    f if f[0] in (None, "src/config.json") else pytest.param(*f, marks=pytest.mark.slow) for f in FIFOS],
+    ids=[a[0] if w is None else w for w, a, _, _ in FIFOS])
 def test_a_fifo_or_device_where_a_file_belongs_is_refused_not_waited_on(tiny_copy, bf16_out_of, tmp_path, where, args,
                                                                         code, match):
     out = tmp_path / "out"
@@ -133,6 +135,7 @@ def test_a_fifo_or_device_where_a_file_belongs_is_refused_not_waited_on(tiny_cop
     assert len(lines) == 1 and re.search(match, lines[0]), r.stderr
 
 
+@pytest.mark.slow
 def test_a_status_file_that_is_a_fifo_only_means_its_shards_are_redone(tiny_copy, tmp_path):
     out = tmp_path / "out"
     interrupted_run(tiny_copy, out)

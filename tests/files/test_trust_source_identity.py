@@ -108,6 +108,7 @@ def many_inputs(tiny_ckpt, tmp_path) -> Path:
     return src
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("defer_s, most_writes", [
     (5.0, 10),  # the default: the first manifest, one per shard (4), the last hash; not one per input
     (0.0, 300),  # no batching: a write per input, as the count catches
@@ -132,6 +133,7 @@ def test_input_hashes_are_recorded_in_batches(many_inputs, tmp_path, monkeypatch
     assert len(recorded) == 309 and all(r.sha256 == hashing.sha256_file(many_inputs / k) for k, r in recorded.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at", [0.05, 0.5, 0.9])
 def test_a_kill_with_hashes_not_yet_recorded_resumes_correctly(many_inputs, tmp_path, monkeypatch, at):
     """Hashes deferred for an hour: the interrupted manifest records only hashes of the bytes on disk (or none), and

@@ -452,6 +452,7 @@ def test_interrupted_upload_resumes_and_sends_only_what_is_missing(out_copy, hub
     assert TOKEN not in out + err
 
 
+@pytest.mark.slow
 def test_multi_commit_pipeline_resumes_after_a_failed_commit(out_copy, hub, monkeypatch):
     """The default path when hf_xet is installed: huggingface_hub's streamed multi-commit pipeline.
     The fake has no xet storage, so it answers "regular" for every file; batches of 3 files make
@@ -474,6 +475,7 @@ def test_multi_commit_pipeline_resumes_after_a_failed_commit(out_copy, hub, monk
     assert [c["summary"].endswith("(part 2)") for c in hub.commits(REPO)[2:]][:2] == [False, True]
 
 
+@pytest.mark.slow
 def test_cli_reads_hf_endpoint_and_never_prints_the_token(bf16_out, hub, tmp_path):
     """The command as users run it: HF_ENDPOINT and HF_TOKEN from the environment, huggingface_hub's
     debug logging on (HF_DEBUG=1), one failure then the resuming re-run."""

@@ -45,7 +45,7 @@ def is_expert(name: str) -> bool:
     return ".ffn.experts." in name
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(scope="module", params=[pytest.param(v, marks=pytest.mark.slow) if v == "pro" else v for v in VARIANTS])
 def variant(request, tmp_path_factory):
     preset, overrides, name, blocks, experts = VARIANTS[request.param]
     root = tmp_path_factory.mktemp(request.param)
