@@ -377,11 +377,16 @@ def test_a_killed_stream_resumes_keeping_its_finished_shards(served, tiny_ckpt, 
     proc = subprocess.Popen([sys.executable, "-m", "fimoe_convert", REPO, str(out), "--stream", "--shard-size", "1MB",
                              "-q"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     manifest = out / "fimoe-manifest.json"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # until the other source shards are verified and a shard is recorded as written
+    # Until the other source shards are verified and the shards recorded as written stop growing: the lane waits for
+    # `late`, which stalls for 60 s. No event says so from the child process: the written set still for 3 s does.
+    deadline, written, still_since = time.monotonic() + 120, None, time.monotonic()
+    while time.monotonic() < deadline:
         m = json.loads(manifest.read_text()) if manifest.exists() else {"source": {"files": {}}, "status": {}}
         hashed = all((m["source"]["files"].get(s) or {}).get("sha256") for s in SHARDS[:3])
-        if hashed and "written" in m["status"].values():
+        now = {f for f, st in m["status"].items() if st == "written"}
+        if now != written:
+            written, still_since = now, time.monotonic()
+        elif hashed and written and time.monotonic() - still_since > 3:
             break
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)

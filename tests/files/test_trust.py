@@ -24,7 +24,6 @@ import fimoe_convert.cli as cli_mod
 import fimoe_convert.conversion as conv_mod
 from fimoe_convert import convert
 from fimoe_convert.checkpoint import check_counts, model_spec_from_config
-from fimoe_convert.console import stopped_by
 from fimoe_convert.errors import InputError, ValidationError
 from fimoe_convert.files import hashing, jsonfile
 from fimoe_convert.files.jsonfile import HEX64, INT, LIST, NONNEG, OBJ, STR, Fields, nullable, parse_json
@@ -646,26 +645,33 @@ def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tiny_ckpt, tmp_path, signu
 def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, monkeypatch, signal_handlers):
     """The first SIGINT stops the run; another one while the lanes clean up changes nothing: the temporary files
     go, one line, exit 130, no traceback."""
-    real_abort = st_writer.ShardWriter.abort
-    aborted = []
+    from fimoe_convert.pipeline import lanes
+
+    real_abort, real_next = st_writer.ShardWriter.abort, lanes._ShardJob._next
+    aborted, half, sent = [], [], []
 
     def abort(self):
         aborted.append(self.tmp)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again, while cleaning up
         real_abort(self)
 
-    def progress_then_ctrl_c(*a, **kw):
-        def progress(done, total):
-            if done > total // 2:
-                os.kill(os.getpid(), signal.SIGINT)
-                deadline = time.monotonic() + 10
-                while stopped_by() is None and time.monotonic() < deadline:
-                    pass  # until the handler has run in the main thread: the clean-up comes after it
-        return real(*a, **{**kw, "progress": progress})
+    def next_then_ctrl_c(self):
+        """Past half the bytes, a shard writer asks for its next chunk: Ctrl-C, and the chunk is asked for once the
+        clean-up has reached this shard (so its writer is aborted, not finished)."""
+        if half and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+            deadline = time.monotonic() + 10
+            while not self.stopping and time.monotonic() < deadline:
+                pass
+        return real_next(self)
+
+    def with_progress(*a, **kw):
+        return real(*a, **{**kw, "progress": lambda done, total: done > total // 2 and half.append(True)})
 
     real = conv_mod.convert
     monkeypatch.setattr(st_writer.ShardWriter, "abort", abort)
-    monkeypatch.setattr(conv_mod, "convert", progress_then_ctrl_c)
+    monkeypatch.setattr(lanes._ShardJob, "_next", next_then_ctrl_c)
+    monkeypatch.setattr(conv_mod, "convert", with_progress)
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, *SHARD_SIZE, "-q")
     assert aborted
