@@ -16,6 +16,9 @@ if ! python3 -c 'import flashinfer.megamoe' 2>/dev/null && [ -f "$FI/flashinfer-
   rm -rf "$FI/site" "$FI/stub" && mkdir -p "$FI/site" "$FI/stub"
   tar xzf "$FI/flashinfer-megamoe.tgz" -C "$FI/site" && rm -rf "$FI/site/tvm_ffi"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$FI/site" "$FI"/apache_tvm_ffi-*.whl || exit
+  # the version check reads installed distributions' names: the bundle is flashinfer-python 0.7.4's package
+  mkdir -p "$FI/site/flashinfer_python-0.7.4.dist-info"
+  printf 'Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.4\n' > "$FI/site/flashinfer_python-0.7.4.dist-info/METADATA"
   cat > "$FI/stub/sitecustomize.py" <<'EOF'
 import importlib.machinery, os, sys, types
 _dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "site", "flashinfer")

@@ -112,6 +112,7 @@ def test_inspect_describes_a_converted_output(tiny_ckpt, tmp_path, target, says)
     assert json.loads(run("inspect", str(out), "--json").stdout)["converted"] is True
 
 
+@pytest.mark.slow
 def test_traceback_only_with_debug(tiny_copy, tmp_path):
     (tiny_copy / "config.json").write_text('{"model_type": "llama"}')
     cmd = [sys.executable, "-m", "fimoe_convert", str(tiny_copy), str(tmp_path / "out")]

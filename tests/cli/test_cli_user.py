@@ -1,5 +1,5 @@
 """The first ten minutes, as a user meets them: every point runs the CLI as a user does and matches what it
-prints and its exit code (issue 18)."""
+prints and its exit code."""
 
 import json
 import re
@@ -148,6 +148,7 @@ def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tiny_ckpt, tmp_
     assert run("verify", bf16_out, "--deep", "--src", tiny_ckpt).exit_code == 0
 
 
+@pytest.mark.slow
 def test_verify_deep_from_elsewhere_with_a_relative_source_names_src(tiny_ckpt, tmp_path):
     """The manifest keeps SRC as given (relative); from another directory, the error says to pass --src."""
     work = tmp_path / "work"
@@ -263,6 +264,7 @@ def test_the_docs_link_only_to_files_of_this_repository(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_demo_makes_converts_verifies_and_summarizes(tmp_path):
     """The README's first command ends in `fimoe-convert demo`: a tiny checkpoint, BF16 and megamoe, verify --deep."""
     r = run("demo", "--workdir", tmp_path / "demo")

@@ -49,6 +49,7 @@ def test_pyproject_ships_every_package_and_the_presets():
     assert tool["package-data"] == {"fimoe_convert.configs": ["*.toml"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_preset_opens_with_its_command_and_dry_runs_at_its_geometry(path, published, tmp_path):
     first = path.read_text().splitlines()[0]

@@ -40,6 +40,7 @@ def reference(tiny_ckpt, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(torchrun(tiny_ckpt, out, port=None), capture_output=True, text=True, timeout=300)
@@ -47,6 +48,7 @@ def test_two_ranks_match_one_process(tiny_ckpt, reference, tmp_path):
     assert folder(out) == folder(reference)
 
 
+@pytest.mark.slow
 def test_two_ranks_report_every_unit(tmp_path):
     """Each rank's shards carry the reports of their units: the report of a 2-rank launch is the report of one
     process (it was rank 0's units only before)."""
@@ -92,6 +94,7 @@ def kill_one_rank(proc):
     os.kill(int(workers[-1]), signal.SIGKILL)  # torchrun then stops the other rank and fails the launch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", [kill_launch, kill_one_rank], ids=["whole-launch", "one-rank"])
 def test_resume_after_a_kill(tiny_ckpt, reference, tmp_path, kill):
     out = tmp_path / "out"
@@ -109,6 +112,7 @@ def test_shard_assignment_balances_bytes():
     assert sorted(load) == [1200, 1300] and owner == assign_shards(shards, 2)
 
 
+@pytest.mark.slow
 def test_two_ranks_from_a_shared_hub_cache(hub_cache, tmp_path):
     """A Hub repo id under torchrun: every rank reads the one shared cache (offline), same bytes."""
     from reference import HUB_REPO

@@ -112,6 +112,7 @@ def test_an_unknown_target_gets_a_suggestion(tmp_path, target, meant):
     assert r.output.startswith(f"error: --target {target}: unknown target; did you mean {meant}"), r.output
 
 
+@pytest.mark.slow
 def test_progress_lines_on_a_terminal_of_width_0(tiny_ckpt, tmp_path):
     """A fresh pty reports 0 columns, where a tqdm bar prints nothing: plain progress lines instead."""
     import os
@@ -220,6 +221,7 @@ def hub_cli(endpoint, tmp_path):
     return p, time.monotonic() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hub_answering", [(404, "RepositoryNotFound"), (401, "RepositoryNotFound"), (404, None)],
                          indirect=True)
 def test_a_repo_the_hub_has_not_fails_in_one_line_within_seconds(hub_answering, tmp_path):
@@ -228,6 +230,7 @@ def test_a_repo_the_hub_has_not_fails_in_one_line_within_seconds(hub_answering, 
     assert re.fullmatch(NO_REPO + "\n", p.stderr), p.stderr
 
 
+@pytest.mark.slow
 def test_no_network_fails_in_one_line_within_seconds_naming_offline_and_download(tmp_path):
     endpoint = closed_port()
     p, secs = hub_cli(endpoint, tmp_path)
@@ -253,6 +256,7 @@ def test_a_missing_src_folder_is_refused_before_torch_is_imported(tmp_path):
     assert "fimoe_convert.files.sources.hub" in imported and "torch" not in imported
 
 
+@pytest.mark.slow
 def test_verify_deep_checks_the_source_before_hashing_out(bf16_out_of, tiny_ckpt, tmp_path):
     """A wrong --src is said before any byte of OUT is hashed (on a large output that took minutes), and blamed as
     --src; the right one still verifies."""

@@ -112,6 +112,7 @@ def test_help_and_bf16_path_do_not_import_flashinfer():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_the_library_front_is_the_commands_functions_and_loads_nothing_heavy():
     """`from fimoe_convert import convert, verify, inspect, upload` gives the functions the CLI calls; importing the
     package, or convert() (which checks the flags and SRC's name before it imports torch), does not import torch."""

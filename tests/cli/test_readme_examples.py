@@ -25,6 +25,7 @@ def test_readme_marks_every_example():
     assert len(blocks) >= 3 and all(b.strip() for b in blocks.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPECTED)
 def test_readme_block_matches_command_output(generated, name):
     shown = rx.readme_blocks(README_TEXT)[name]
@@ -38,6 +39,7 @@ def _edit_block(text, name, old, new):
     return text.replace(blocks[name], blocks[name].replace(old, new, 1), 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, reported", [
     (lambda t: _edit_block(t, "upload-dry-run", "bytes", "octets"), "upload-dry-run: README.md shows"),
     (lambda t: _edit_block(t, "inspect-verify", "ok: 7 files", "ok: 6 files"), "inspect-verify: README.md shows"),
@@ -54,6 +56,7 @@ def test_a_changed_readme_is_reported_and_rewritten(generated, edit, reported):
         assert rx.differences(rx.rewrite(changed, generated), generated) == []
 
 
+@pytest.mark.slow
 def test_timings_alone_are_not_a_difference(generated):
     block = rx.readme_blocks(README_TEXT)["demo"]
     assert re.search(r"in \d+(\.\d+)? s", block)

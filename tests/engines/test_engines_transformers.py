@@ -35,7 +35,7 @@ def release(tmp_path_factory):
     return src, logits
 
 
-@pytest.mark.parametrize("output", list(OUTPUTS))
+@pytest.mark.parametrize("output", [o if o == "bf16" else pytest.param(o, marks=pytest.mark.slow) for o in OUTPUTS])
 def test_output_loads_in_transformers_with_identical_logits(release, output, tmp_path):
     src, want = release
     target, params, config = OUTPUTS[output]
@@ -50,6 +50,7 @@ def test_output_loads_in_transformers_with_identical_logits(release, output, tmp
     assert cfg.get("expert_dtype") == config["expert_dtype"]
 
 
+@pytest.mark.slow
 def test_the_demo_checkpoint_and_its_bf16_output_load_with_identical_logits(tmp_path):
     summary = run_demo(tmp_path / "demo")
     assert summary["ok"], summary["summary"]
@@ -62,6 +63,7 @@ def test_the_demo_checkpoint_and_its_bf16_output_load_with_identical_logits(tmp_
     assert torch.isfinite(want).all() and diff == 0.0 and torch.equal(got, want)
 
 
+@pytest.mark.slow
 def test_a_changed_expert_byte_changes_the_logits(release, tmp_path):
     """The check can fail: a converted output whose one expert byte differs gives other logits."""
     src, want = release

@@ -24,6 +24,7 @@ def _count(inv, pattern):
     return sum(name.endswith(pattern) for name, *_ in inv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", list(RELEASES))
 def test_release_presets_reproduce_the_released_inventory(preset):
     shards, count, total, mtp, indexers, compressors = RELEASES[preset]
@@ -63,6 +64,7 @@ def test_v4_flash_dtypes_shapes_and_shards_are_the_released_ones():
     assert {s for n, s in shard.items() if n.startswith("mtp.")} == {"model-00046-of-00046.safetensors"}
 
 
+@pytest.mark.slow
 def test_sparse_v4_flash_checkpoint_holds_the_inventory(tmp_path):
     src = make_checkpoint(tmp_path / "flash", "v4-flash", sparse=True)
     index = json.loads((src / "model.safetensors.index.json").read_text())

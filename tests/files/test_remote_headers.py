@@ -1,5 +1,5 @@
 """`inspect` and `--dry-run` of a Hub repo id read config.json, the index and each shard's header from the Hub, and
-no weights (issue 18). A fake Hub on 127.0.0.1 (tests/helpers/hub_files.py) serves the tiny checkpoint; the CLI runs
+no weights. A fake Hub on 127.0.0.1 (tests/helpers/hub_files.py) serves the tiny checkpoint; the CLI runs
 as a user runs it, in a process of its own pointed there by HF_ENDPOINT."""
 
 import json
@@ -46,6 +46,7 @@ def assert_no_weights_fetched(hub, folder, cache):
     assert not list(cache.rglob("*.safetensors")), list(cache.rglob("*"))
 
 
+@pytest.mark.slow
 def test_inspect_of_a_hub_repo_reads_headers_not_weights(tiny_ckpt, tmp_path):
     cache = tmp_path / "cache"
     want = json.loads(local("inspect", tiny_ckpt, "--json").stdout)
@@ -62,6 +63,7 @@ def test_inspect_of_a_hub_repo_reads_headers_not_weights(tiny_ckpt, tmp_path):
                                               r"weights downloaded$", text.stdout, re.M), text.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["bf16", "fp8_block"])
 def test_dry_run_of_a_hub_repo_plans_as_a_local_one_without_the_weights(tiny_ckpt, tmp_path, target):
     cache = tmp_path / "cache"
@@ -82,6 +84,7 @@ def test_dry_run_of_a_hub_repo_plans_as_a_local_one_without_the_weights(tiny_ckp
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_shards_already_in_the_cache_are_read_there(tiny_ckpt, tmp_path):
     """A download that stopped halfway: the shards in the snapshot folder are described from the disk, only the
     others from the Hub."""
@@ -117,6 +120,7 @@ def _offsets_past_the_end(folder):
     p.write_bytes(data[:len(data) - 4])  # the header promises 4 bytes more than the file holds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, match", [
     (_truncate, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: 2 bytes, too short for a safetensors "
                 r"header"),
@@ -150,6 +154,7 @@ def test_a_ranged_read_returns_those_bytes_and_the_size_from_any_server(tiny_ckp
     assert got == data[start:end + 1] and size == len(data)
 
 
+@pytest.mark.slow
 def test_inspect_works_against_a_server_that_ignores_range(tiny_ckpt, tmp_path):
     want = json.loads(local("inspect", tiny_ckpt, "--json").stdout)
     with HubFiles(REPO, tiny_ckpt, COMMIT, ignore_range=True) as hub:

@@ -16,7 +16,8 @@ from fimoe_convert.files.safetensors import reader as st_reader, writer as st_wr
 from fimoe_convert.files.safetensors.header import PlannedTensor, read_header
 from fimoe_convert.files.safetensors.writer import write_file
 
-SIZES = [0, 1, st_writer.DIRECT_ALIGN - 1, st_writer.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5, 3 * IO_BLOCK + 4097]
+SIZES = [0, 1, st_writer.DIRECT_ALIGN - 1, st_writer.DIRECT_ALIGN, IO_BLOCK - 100, IO_BLOCK + 5,
+         pytest.param(3 * IO_BLOCK + 4097, marks=pytest.mark.slow)]
 
 
 def _tensors(nbytes: int) -> list[tuple[PlannedTensor, torch.Tensor]]:

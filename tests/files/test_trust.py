@@ -1,4 +1,4 @@
-"""Trust boundary (issue 15): names, sizes and hashes read from SRC and OUT are checked, never trusted.
+"""Trust boundary: names, sizes and hashes read from SRC and OUT are checked, never trusted.
 
 One section per class of docs/RELIABILITY.md's threat model: the JSON loader, the path rule, source identity
 and --resume, folder guards (lock, identity of SRC vs OUT, tool-named files, signals, temporaries), bounds from
@@ -514,7 +514,7 @@ def test_what_a_run_leaves_before_its_first_manifest_counts_as_empty(tiny_ckpt, 
     assert cli("verify", out).exit_code == 0
 
 
-@pytest.mark.parametrize("alias", ["symlink", "bind-mount"])
+@pytest.mark.parametrize("alias", ["symlink", pytest.param("bind-mount", marks=pytest.mark.slow)])
 def test_out_reaching_src_through_an_alias_is_refused(tiny_copy, tmp_path, alias):
     if alias == "symlink":
         (tmp_path / "alias").symlink_to(tiny_copy)
@@ -624,6 +624,7 @@ def test_copied_files_are_streamed(tmp_path):
     assert hashing.sha256_file(tmp_path / "copy") == hashing.sha256_file(big)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, word", [(signal.SIGTERM, "interrupted (SIGTERM)"), (signal.SIGHUP, "interrupted (SIGHUP)")]
 )
@@ -640,25 +641,33 @@ def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tiny_ckpt, tmp_path, signu
 def test_a_second_ctrl_c_during_the_clean_up_is_ignored(tiny_ckpt, tmp_path, monkeypatch, signal_handlers):
     """The first SIGINT stops the run; another one while the lanes clean up changes nothing: the temporary files
     go, one line, exit 130, no traceback."""
-    real_abort = st_writer.ShardWriter.abort
-    aborted = []
+    from fimoe_convert.pipeline import lanes
+
+    real_abort, real_next = st_writer.ShardWriter.abort, lanes._ShardJob._next
+    aborted, half, sent = [], [], []
 
     def abort(self):
         aborted.append(self.tmp)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again, while cleaning up
-        time.sleep(0.05)  # the handler runs in the main thread meanwhile
         real_abort(self)
 
-    def progress_then_ctrl_c(*a, **kw):
-        def progress(done, total):
-            if done > total // 2:
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.05)
-        return real(*a, **{**kw, "progress": progress})
+    def next_then_ctrl_c(self):
+        """Past half the bytes, a shard writer asks for its next chunk: Ctrl-C, and the chunk is asked for once the
+        clean-up has reached this shard (so its writer is aborted, not finished)."""
+        if half and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+            deadline = time.monotonic() + 10
+            while not self.stopping and time.monotonic() < deadline:
+                pass
+        return real_next(self)
+
+    def with_progress(*a, **kw):
+        return real(*a, **{**kw, "progress": lambda done, total: done > total // 2 and half.append(True)})
 
     real = conv_mod.convert
     monkeypatch.setattr(st_writer.ShardWriter, "abort", abort)
-    monkeypatch.setattr(conv_mod, "convert", progress_then_ctrl_c)
+    monkeypatch.setattr(lanes._ShardJob, "_next", next_then_ctrl_c)
+    monkeypatch.setattr(conv_mod, "convert", with_progress)
     out = tmp_path / "out"
     r = cli(tiny_ckpt, out, *SHARD_SIZE, "-q")
     assert aborted
@@ -871,6 +880,7 @@ def test_verify_fails_a_manifest_that_lists_too_little(bf16_copy, change, match)
 # ------------------------------------------------------------------------------------------------ fuzzing
 
 
+@pytest.mark.slow
 def test_fuzz_json_short():
     """The CI version of scripts/reliability/fuzz_json.py: 1,500 config, index, manifest and status inputs."""
     import importlib.util

@@ -474,6 +474,7 @@ def test_interrupted_upload_resumes_and_sends_only_what_is_missing(out_copy, hub
     assert TOKEN not in out + err
 
 
+@pytest.mark.slow
 def test_with_hf_xet_a_failed_commit_is_finished_by_the_upload_command(out_copy, hub, monkeypatch):
     """With hf_xet installed (the default path): the fake has no xet storage, so it answers "regular" for every file;
     the commit fails, nothing is on the Hub, and the command the error names commits everything in one commit."""
@@ -488,6 +489,7 @@ def test_with_hf_xet_a_failed_commit_is_finished_by_the_upload_command(out_copy,
     assert arrived(hub, REPO) == expected_files(out_copy) and len(hub.commits(REPO)) == 2
 
 
+@pytest.mark.slow
 def test_cli_reads_hf_endpoint_and_never_prints_the_token(bf16_out, hub, tmp_path):
     """The command as users run it: HF_ENDPOINT and HF_TOKEN from the environment, huggingface_hub's
     debug logging on (HF_DEBUG=1), one failure then the resuming re-run."""

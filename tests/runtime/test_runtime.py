@@ -305,6 +305,7 @@ def test_runtime_checks_before_bootstrapping(outs, fake_bootstrap):
 
 # mega_config ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_mega_config_bit_identical_to_flashinfer_preprocess(outs):
     r = subprocess.run([sys.executable, __file__, "check-mega-config", str(outs[SM107]), str(outs["src"])],
                        capture_output=True, text=True, timeout=600)

@@ -100,6 +100,7 @@ def test_tiny_scales_fit_the_tile_rule(tiny_ckpt):
         assert int(s.max()) - int(s.min()) <= EXACT_SPAN, name
 
 
+@pytest.mark.slow
 def test_fp8_dequantizes_to_exactly_the_fp4_values(tiny_ckpt, fp8_out):
     out, res = fp8_out
     src, dst = load_all(tiny_ckpt), load_all(out)
@@ -116,6 +117,7 @@ def test_fp8_dequantizes_to_exactly_the_fp4_values(tiny_ckpt, fp8_out):
     assert res.report["fp8_block"]["lossy_tiles"] == 0 and res.report["fp8_block"]["tiles"] == 4 * 8 * 3 * 2
 
 
+@pytest.mark.slow
 def test_fp8_bytes_and_tile_scales_follow_deepseeks_rule(tiny_ckpt, fp8_out):
     src, dst = load_all(tiny_ckpt), load_all(fp8_out[0])
     for name in expert_weights(src):
@@ -142,6 +144,7 @@ def test_everything_else_is_copied_and_config_drops_expert_dtype(tiny_ckpt, fp8_
     assert verify(str(out), deep=True, src=str(tiny_ckpt)).problems == []
 
 
+@pytest.mark.slow
 def test_f32_scale_layout_is_the_base_layout(tiny_ckpt, fp8_out, fp8_f32_out, tmp_path):
     e8m0, f32 = load_all(fp8_out[0]), load_all(fp8_f32_out)
     src = load_all(tiny_ckpt)
@@ -165,6 +168,7 @@ def test_f32_scale_layout_is_the_base_layout(tiny_ckpt, fp8_out, fp8_f32_out, tm
         assert same_bits(a[name], b[name]), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale_dtype", ["e8m0", "f32"])
 def test_v41_uses_32x32_tiles_and_keeps_expert_dtype_in_quantization_config(tmp_path, scale_dtype):
     src_dir = make_checkpoint(tmp_path / "src", "v4.1")
@@ -215,6 +219,7 @@ def test_lossy_fixture_is_refused_naming_tensor_and_tile(tmp_path):
     assert read_manifest(out).complete is False and not (out / "model.safetensors.index.json").exists()
 
 
+@pytest.mark.slow
 def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
     src_dir = make_checkpoint(tmp_path / "src", "lossy-fp8")
     out = tmp_path / "out"
@@ -242,6 +247,7 @@ def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
     assert rep["lossy_examples"][0] == "layers.0.ffn.experts.0.w1.weight tile (0, 0)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writers", [2, 3])
 def test_report_and_folder_do_not_depend_on_writers(tmp_path, writers):
     """Experts split between shards run in each lane that writes part of them: the report counts each tensor
@@ -303,7 +309,7 @@ def test_scale_byte_255_names_the_tensor(tiny_copy, tmp_path):
         convert(str(tiny_copy), str(tmp_path / "out"), "fp8_block")
 
 
-@pytest.mark.parametrize("span", range(0, 19))
+@pytest.mark.parametrize("span", [*range(0, 18), pytest.param(18, marks=pytest.mark.slow)])
 def test_span_rule_exact_up_to_14_steps(span):
     """Two groups of a tile at scale bytes 140 and 140 - span, all 16 codes in each: exact iff span <= 14."""
     codes = torch.arange(256, dtype=torch.uint8).view(8, 32)  # every code byte, so every (lo, hi) pair
@@ -422,7 +428,8 @@ def every_offset_and_code(t_values):
     return torch.cat(packed), torch.cat(scales), pairs
 
 
-@pytest.mark.parametrize("t_values", [[1], [2, 7], [121, 130], [200, 248]])
+@pytest.mark.parametrize("t_values", [[1], [2, 7], pytest.param([121, 130], marks=pytest.mark.slow),
+                                      pytest.param([200, 248], marks=pytest.mark.slow)])
 def test_table_equals_old_for_every_code_byte_and_offset(t_values):
     """Every code byte at every offset k = s - t that a tile can give (-248..6), at several tile bytes t:
     weight bytes, tile bytes, lossy tiles and their errors bit for bit as the float implementation."""
@@ -435,6 +442,7 @@ def test_table_equals_old_for_every_code_byte_and_offset(t_values):
 E4M3_VALUES = {v for v in torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist() if v == v}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t", [9, 13, 127, 248])
 def test_table_exactness_per_code_at_low_offsets(t):
     """k from -14 to -7, one code byte per tile: a tile is lossy exactly when a value of its code byte times
@@ -451,7 +459,7 @@ def test_table_exactness_per_code_at_low_offsets(t):
 
 @pytest.mark.parametrize("shape, block, lo, hi", [
     ((256, 128), (128, 128), 110, 125),   # typical: span <= 14, every tile exact
-    ((384, 256), (128, 128), 100, 140),   # span up to 39: lossy tiles among exact ones
+    pytest.param((384, 256), (128, 128), 100, 140, marks=pytest.mark.slow),  # span up to 39: lossy among exact
     ((128, 64), (128, 128), 0, 255),      # any byte
     ((200, 48), (128, 64), 0, 6),         # rows and columns not multiples of the tile; tile bytes clamped to 1
     ((130, 80), (128, 128), 118, 140),    # two partial tiles each way
@@ -483,7 +491,8 @@ def test_table_equals_old_on_lossy_tiles_with_signed_codes():
     assert float(r.max_rel.max()) == 1.0  # a flushed value
 
 
-@pytest.mark.parametrize("threads, chunk_bytes", [(1, 1 << 19), (2, 1 << 19), (2, 4096), (3, 1 << 12)])
+@pytest.mark.parametrize("threads, chunk_bytes", [pytest.param(1, 1 << 19, marks=pytest.mark.slow), (2, 1 << 19),
+                                                 (2, 4096), (3, 1 << 12)])
 def test_table_equals_old_over_threads_and_chunks(monkeypatch, threads, chunk_bytes):
     """Above the parallel threshold the rows are spread over threads in chunks of whole tile rows; results do
     not depend on how many threads or how the rows are cut (one lossy tile row included)."""

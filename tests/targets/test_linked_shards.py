@@ -80,7 +80,7 @@ def test_whole_block_units_across_shards_run_once_and_write_the_same_tensors(tmp
         assert a[k].dtype == b[k].dtype and a[k].view(-1).view(torch.uint8).equal(b[k].view(-1).view(torch.uint8)), k
 
 
-@pytest.mark.parametrize("writers", [1, 2])
+@pytest.mark.parametrize("writers", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_a_lane_writes_two_shards_at_once_and_never_more(tmp_path, monkeypatch, writers):
     """Each shard has its own sha256 stream: a lane opens the next shard while the one before is still being
     finished (here: held open until a second writer of the same lane exists), and at most SHARDS_PER_LANE."""

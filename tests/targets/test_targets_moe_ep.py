@@ -37,6 +37,7 @@ def kernel_ckpt(tmp_path_factory):
                            extreme_scales=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, params", CPU_TARGETS, ids=[f"{t}{'-' + p[0] if p else ''}" for t, p in CPU_TARGETS])
 def test_bit_identical_to_flashinfer_preprocess(kernel_ckpt, tmp_path, target, params):
     r = subprocess.run([sys.executable, str(CHECK), target, str(kernel_ckpt), str(tmp_path / "out"), *params],
@@ -112,6 +113,7 @@ def test_deepgemm_is_refused_up_front_naming_the_package_and_the_gpu(tiny_ckpt, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_manifest_structure_of_kernel_output(kernel_ckpt, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(CHECK), "sm107_mxfp8_mxfp4_bf16_cutedsl", str(kernel_ckpt), str(out)],
@@ -129,6 +131,7 @@ def test_manifest_structure_of_kernel_output(kernel_ckpt, tmp_path):
 CHUNKED = [(t, p) for t, p in CPU_TARGETS if t not in ("sm120_mxfp4_mxfp8_bf16_cake",)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, params", CHUNKED, ids=[f"{t}{'-' + p[0] if p else ''}" for t, p in CHUNKED])
 def test_expert_chunks_give_the_bytes_of_whole_blocks(kernel_ckpt, tmp_path, target, params):
     """Where the kernel table says a layout splits by expert, units of one expert (--max-memory 2MiB) write the
@@ -162,6 +165,7 @@ convert(sys.argv[1], sys.argv[2], "sm90_fp8_fp8_bf16_pull_cutedsl", max_memory="
 """
 
 
+@pytest.mark.slow
 def test_chunks_whose_invariant_leaves_differ_are_refused(kernel_ckpt, tmp_path):
     """The first chunk of a rank writes an expert-invariant leaf; a later chunk that gives other bytes stops the
     run naming the chunk and the leaf (the layout would then not split by expert)."""
