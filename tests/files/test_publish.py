@@ -295,7 +295,7 @@ def test_under_torchrun_one_rank_uploads(tiny_ckpt, tmp_path):
     import subprocess
     import sys
 
-    from test_trust_round3 import _free_port
+    from test_stops_and_deadlines import _free_port
     from test_upload import FakeHub
 
     out = tmp_path / "out"
