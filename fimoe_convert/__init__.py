@@ -14,7 +14,7 @@ Where each job lives:
                          writer lanes
     verification.py    verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
-    eta.py             the --dry-run estimate, from one unit of the target's own work, measured
+    eta.py             the --dry-run estimate, from samples of the target's own work and of the disks, measured
     console.py         what the CLI shows while it works: progress, log lines, readable reports
     hub.py             the model card
     publish.py         upload() of a finished, verified OUT to the Hub
@@ -88,7 +88,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "publish": _BASE | {"files"},
     "verification": _BASE | {"files", "kernels", "numerics", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
-    "eta": _BASE,
+    "eta": _BASE | {"files"},
     "console": _BASE,
     "conversion": _BASE | {"budget", "checkpoint", "console", "distributed", "eta", "files", "hub", "kernels",
                            "options", "pipeline", "plan", "resume", "targets", "publish"},

@@ -65,29 +65,39 @@ class Progress:
         self.bar = None
         self.t0 = self.last = time.monotonic()
         self.done = self.total = 0
+        # The rate counts from the first call: the seconds before it (imports, checks, the first unit's read and
+        # conversion) are over, and dividing by them told "3072 s left" of a 20 s job.
+        self.first: tuple[float, int] | None = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
         self.done, self.total = done, total
+        if self.first is None:
+            self.first = (time.monotonic(), done)
         if sys.stderr.isatty() and terminal_columns() > 0:  # a bar 0 columns wide shows nothing: plain lines
             if self.bar is None:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=self.desc,
-                                file=sys.stderr, dynamic_ncols=True)
+                self.bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1000,
+                                desc=self.desc, file=sys.stderr, dynamic_ncols=True)
             self.bar.update(done - self.bar.n)
         elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total:
             self.last = time.monotonic()
             print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
-        secs = max(time.monotonic() - self.t0, 1e-9)
-        rate = self.done / secs
-        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        """One plain progress line. The rate and the time left come from the bytes done since the first call; before
+        a second call, the rate since the start, and no time left."""
+        now = time.monotonic()
         pct = 100 * self.done / self.total if self.total else 100.0
-        eta = f", about {left:.0f} s left" if self.done < self.total and left != float("inf") else ""
-        return f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%), {human(rate)}/s{eta}"
+        text = f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%)"
+        t_first, d_first = self.first or (self.t0, 0)
+        if now > t_first and self.done > d_first:
+            rate = (self.done - d_first) / (now - t_first)
+            left = f", about {(self.total - self.done) / rate:.0f} s left" if self.done < self.total else ""
+            return f"{text}, {human(rate)}/s{left}"
+        return f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
 
     def close(self) -> None:
         if self.bar is not None:

@@ -141,7 +141,8 @@ def test_progress_lines_on_a_terminal_of_width_0(tiny_ckpt, tmp_path):
 def test_dry_run_says_what_it_times_before_it_does(tiny_ckpt, tmp_path):
     r = run(tiny_ckpt, tmp_path / "out", "--target", "fp8_block", "--device", "cpu", "--dry-run")
     assert r.exit_code == 0, r.output
-    assert re.search(r"^timing one unit \(\S+, [\d.]+ \w?B\) of --target fp8_block on cpu to estimate the "
+    assert re.search(r"^timing \d+ sample units? \((\S+, [\d.]+ \w?B(, )?)+\) of --target fp8_block on cpu to "
+                     r"estimate the "
                      r"conversion's time\.\.\.$", r.stderr, re.M), r.stderr
     assert r.stdout.startswith("plan for --target fp8_block on cpu:"), r.stdout
     quiet = run(tiny_ckpt, tmp_path / "out", "--target", "fp8_block", "--device", "cpu", "--dry-run", "--json")
