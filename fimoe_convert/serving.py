@@ -33,6 +33,7 @@ FP8_GPUS = ("8.9", "9.0", "10.0", "10.3", "10.7", "12.0")  # FP8 E4M3 tensor cor
 SIZES = {"release": ("160 GB", "865 GB"), "fp8_block": ("293 GB", "1.60 TB"), "bf16": ("576 GB", "3.17 TB"),
          "kernel": ("about the source's size: 160 GB", "865 GB")}
 SRC = "deepseek-ai/DeepSeek-V4-Flash"
+WIDTH = 116  # characters per line of the text answer
 
 # How each command was checked (the words docs/SERVING.md uses).
 RUN_VLLM = "vLLM 0.33.0's own loader run on a CPU (scripts/engines/vllm_load.py); not served on a GPU here"
@@ -164,10 +165,10 @@ def _advice(engine: str, cap: str) -> tuple[bool, str, Option, list[Option]]:
     if cap in FP4_ENGINE_GPUS:
         if engine == "vllm":
             why = ("vLLM serves the released FP4 checkpoint as it is (its DeepSeek V4 loader reads expert_dtype fp4 "
-                   "into Mxfp4MoEMethod; NVIDIA Dynamo's DeepSeek-V4-Pro recipe serves the release with vLLM on H200); "
-                   "convert only for FP8 experts without converting at every start, and then "
-                   "with scale_dtype=f32: vLLM reads plain fp8_block (E8M0 scales) as FP4 and does not load it")
-            return False, why, _release("vllm"), [_fp8_vllm()]
+                   "into Mxfp4MoEMethod; NVIDIA Dynamo's DeepSeek-V4-Pro recipe serves the release with vLLM on H200)")
+            return False, why, _release("vllm"), [_fp8_vllm(
+                "FP8 experts without converting at every start; never plain fp8_block: vLLM reads its E8M0 scales as "
+                "FP4 and does not load it")]
         why = ("SGLang serves the released FP4 checkpoint as it is (FP4 experts auto-detected; its DeepSeek-V4 "
                "cookbook lists it on H200, B200, B300, GB200 and GB300)")
         also = [_fp8_sglang("FP8 experts, as in the cookbook's H200 FP8 recipe; the preset is V4-Flash's, for V4-Pro "
@@ -239,12 +240,18 @@ def text(r: Recommendation) -> str:
     verdict = (f"convert to {_label(r.best)}" if r.needed else "no conversion needed" if r.best.source
                else "nothing to convert for it")
     head += f"{verdict}. {r.why}."
-    lines = [head, *_lines(r.best, "")]
+    lines = [_wrap(head, ""), *_lines(r.best, "")]
     for o in r.also:
-        lines.append("or: " + (f"convert to {_label(o)}" if o.target else f"serve {o.source} as it is")
-                     + (f" ({o.note})" if o.note else ""))
+        lines.append(_wrap("or: " + (f"convert to {_label(o)}" if o.target else f"serve {o.source} as it is")
+                           + (f" ({o.note})" if o.note else ""), "  "))
         lines += _lines(o, "  ")
     return "\n".join(lines)
+
+
+def _wrap(line: str, indent: str) -> str:
+    import textwrap  # here: only the text answer needs it
+
+    return textwrap.fill(line, WIDTH, subsequent_indent=indent + "  ", break_on_hyphens=False, break_long_words=False)
 
 
 def _label(o: Option) -> str:
@@ -254,7 +261,7 @@ def _label(o: Option) -> str:
 def _lines(o: Option, indent: str) -> list[str]:
     lines = [f"{indent}convert: {o.convert}"] if o.convert else []
     if o.target and o.note and not indent:
-        lines.append(f"{indent}note: {o.note}")
+        lines.append(_wrap(f"note: {o.note}", ""))
     size = [f"{indent}size on disk: {o.size}"] if o.size != "-" else []
     return lines + size + [f"{indent}serve: {o.serve}", f"{indent}checked: {o.checked}"]
 

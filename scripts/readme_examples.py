@@ -17,6 +17,7 @@ README = REPO / "README.md"
 
 # name -> (commands, each the arguments after `fimoe-convert`; whether the block shows them as `$ ...` lines)
 EXAMPLES = {
+    "recommend": ([["recommend", "--engine", "vllm", "--gpu", "H200"]], True),
     "demo": ([["demo"]], False),
     "inspect-verify": ([["inspect", "demo-out/out-megamoe_sm90_mxfp4"], ["verify", "demo-out/out-bf16"]], True),
     "upload-dry-run": ([["upload", "demo-out/out-bf16", "your-name/DeepSeek-V4-Tiny-bf16", "--dry-run"]], True),
