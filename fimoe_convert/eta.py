@@ -1,13 +1,14 @@
 """The time a conversion is estimated to take, printed by `--dry-run` and labeled as an estimate.
 
-Measured, not assumed, on samples of real size: for each kind of unit (routed experts; dense rewrites), the largest
-and the smallest unit are read and converted (twice: the second run is timed, so one-time costs such as kernel
-compiles stay out), which gives a cost per unit and per byte; SRC's read rate comes from reading at least
-SAMPLE_READ_BYTES of inputs, the sha256 rate from hashing HASH_SAMPLE_BYTES (a conversion hashes every input and
-every output), and, given OUT, its disk's write rate from a probe file written as shards are. The stages overlap
-in the pipeline but share the cores: the estimate is the larger of the longest stage and the CPU work spread over
-the cores. For a Hub repo whose weights are not downloaded, the units are zeros of the same dtypes and shapes (the
-conversion's time does not depend on the values), and only the conversion's share is estimated."""
+Measured, not assumed, on samples of real size: for each kind of unit (routed experts, each leg of them; dense
+rewrites), the largest and the smallest unit are read and converted twice, which gives a cost per unit and per byte
+(the second run) and the one-time warm-up (the first run's excess: kernel compiles, which a conversion pays too).
+SRC's read rate comes from reading at least SAMPLE_READ_BYTES of inputs, the sha256 rate from hashing
+HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and, given OUT, its disk's write rate from a
+probe file written as shards are. The stages overlap in the pipeline but share the cores: the estimate is the
+larger of the longest stage and their sum spread over the cores free now (the speed-up of hashing on several
+threads at once). For a Hub repo whose weights are not downloaded, the units are zeros of the same dtypes and
+shapes (the conversion's time does not depend on the values), and only the conversion's share is estimated."""
 
 from __future__ import annotations
 
@@ -72,6 +73,27 @@ def _cores() -> int:
         return max(len(os.sched_getaffinity(0)), 1)
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _parallelism(cores: int) -> float:
+    """How many of the cores this process gets now (other processes may hold some): the speed-up of sha256 over
+    the same bytes on up to four threads at once (hashlib lets go of the GIL), between 1 and that count."""
+    import threading
+
+    n = min(cores, 4)
+    if n < 2:
+        return 1.0
+    data = bytes(HASH_SAMPLE_BYTES // 2)
+    t0 = time.perf_counter()
+    hashlib.sha256(data).digest()
+    one = time.perf_counter() - t0
+    threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
 
 
 def _hash_rate() -> float:
@@ -139,12 +161,12 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
     hash_s = (plan.read_bytes + write_bytes) / hash_rate
     write_s = write_bytes / write_rate if write_rate else 0.0
     cores = _cores()
-    cpu_s = read_total_s + hash_s + (convert_s if device == "cpu" else 0.0)
-    secs = max(convert_s, read_total_s, hash_s, write_s, cpu_s / cores)
+    parallel = _parallelism(cores)
+    secs = max(convert_s, read_total_s, hash_s, write_s, (convert_s + read_total_s + hash_s + write_s) / parallel)
     writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {write_s:.1f} s" if write_rate else
               "writing OUT not measured")
     return (f"ETA: {_when(secs)} (estimate, measured here: {len(units)} units convert in about {convert_s:.1f} s on "
             f"{device}, {once_s:.1f} s of it one-time warm-up (largest sample {sample}); reading "
             f"{human(plan.read_bytes)} at {human(read_rate)}/s about {read_total_s:.1f} s; hashing "
             f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {hash_s:.1f} s; "
-            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''})"), secs
+            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {parallel:.1f} of them free now)"), secs

@@ -45,7 +45,7 @@ def test_unit_seconds_is_a_line_through_the_samples_of_each_kind(units, timed, w
     assert eta.unit_seconds(units, timed) == pytest.approx(want, rel=1e-12)
 
 
-def test_the_progress_rate_counts_from_the_first_call(monkeypatch):
+def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
     p = console.Progress("converting", enabled=False)
@@ -56,6 +56,10 @@ def test_the_progress_rate_counts_from_the_first_call(monkeypatch):
     now[0] = 111.0
     p(11_000_000, 100_000_000)  # 10 MB in the second since the first call
     assert p.line() == "converting: 11.00 MB of 100.00 MB (11%), 10.00 MB/s, about 9 s left"
+    for second in range(1, 21):  # then 2 MB/s for 20 s: the window forgets the fast second
+        now[0] = 111.0 + second
+        p(11_000_000 + second * 2_000_000, 100_000_000)
+    assert p.line() == "converting: 51.00 MB of 100.00 MB (51%), 2.00 MB/s, about 24 s left"
 
 
 def test_the_write_probe_measures_and_leaves_nothing(tmp_path):
