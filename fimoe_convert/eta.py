@@ -2,7 +2,8 @@
 
 Measured, not assumed, on samples of real size: for each kind of unit (routed experts, each leg of them; dense
 rewrites), the largest and the smallest unit are read and converted twice, which gives a cost per unit and per byte
-(the second run) and the one-time warm-up (the first run's excess: kernel compiles, which a conversion pays too).
+(the second run) and the one-time costs (the first run's excess: kernel compiles; and the model card's imports),
+which a conversion pays too.
 SRC's read rate comes from reading at least SAMPLE_READ_BYTES of inputs, the sha256 rate from hashing
 HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and, given OUT, its disk's write rate from a
 probe file written as shards are. The stages overlap in the pipeline but share the cores: the estimate is the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 
 from .errors import FimoeError
@@ -96,6 +98,17 @@ def _parallelism(cores: int) -> float:
     return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
 
 
+def _card_seconds() -> float:
+    """Seconds to import what the model card is made with (huggingface_hub's ModelCard), which a conversion pays
+    once at its end (1-2 s on a busy 2-core machine); 0 where this process has it already."""
+    if "huggingface_hub.repocard" in sys.modules:
+        return 0.0
+    t0 = time.perf_counter()
+    from huggingface_hub import ModelCard  # noqa: F401 - imported to be timed
+
+    return time.perf_counter() - t0
+
+
 def _hash_rate() -> float:
     data, best = bytes(HASH_SAMPLE_BYTES), float("inf")  # sha256 takes as long for any bytes
     for _ in range(3):  # the best of three: other processes share the cores
@@ -134,6 +147,7 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
             once_s += max(first_s - timed[u.key], 0.0)  # compiles and warm-ups: a conversion pays them once too
     except FimoeError as e:
         return f"ETA: not estimated (converting a sample unit failed: {e})", None
+    once_s += _card_seconds()
     convert_s = unit_seconds(units, timed) + once_s
     big = picked[0]
     sample = f"{big.key}, {human(big.out_bytes)} in {_secs(timed[big.key])}"
@@ -166,7 +180,7 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
     writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {write_s:.1f} s" if write_rate else
               "writing OUT not measured")
     return (f"ETA: {_when(secs)} (estimate, measured here: {len(units)} units convert in about {convert_s:.1f} s on "
-            f"{device}, {once_s:.1f} s of it one-time warm-up (largest sample {sample}); reading "
+            f"{device}, {once_s:.1f} s of it one-time costs (largest sample {sample}); reading "
             f"{human(plan.read_bytes)} at {human(read_rate)}/s about {read_total_s:.1f} s; hashing "
             f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {hash_s:.1f} s; "
             f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {parallel:.1f} of them free now)"), secs
