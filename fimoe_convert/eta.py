@@ -32,7 +32,7 @@ def _secs(s: float) -> str:
 
 
 def _when(secs: float) -> str:
-    return ("under 1 s" if secs < 1 else f"about {secs:.0f} s" if secs < 120
+    return (f"about {secs:.1f} s" if secs < 10 else f"about {secs:.0f} s" if secs < 120
             else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
 
 

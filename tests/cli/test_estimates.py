@@ -75,4 +75,5 @@ def test_a_dry_run_of_a_16_byte_median_estimates_seconds_not_minutes(tiny_ckpt, 
 
     res = convert(str(tiny_ckpt), str(tmp_path / "out"), target="fp8_block", params={"scale_dtype": "f32"},
                   dry_run=True)
-    assert re.match(r"ETA: (under 1 s|about \d s) ", res.estimate), res.estimate
+    m = re.match(r"ETA: about ([0-9.]+) s ", res.estimate)
+    assert m and float(m.group(1)) < 10, res.estimate
