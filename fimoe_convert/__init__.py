@@ -14,12 +14,14 @@ Where each job lives:
                          reader/converter threads, writer lanes
     verification.py    verify OUT against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
-    eta.py             the --dry-run estimate, from one unit of the target's own work, measured
+    eta.py             the --dry-run estimate, from samples of the target's own work and of the disks, measured
     console.py         what the CLI shows while it works: progress, log lines, readable reports
     hub.py             the model card
     publish.py         upload() of a finished, verified OUT to the Hub
     demo.py            the embedded default job
     kernels.py         THE kernel table: every target and its kernel's facts, as data
+    serving.py         what to convert (or not) per engine and GPU, the serve commands and how each was checked,
+                       as data: `recommend` and the decision table of docs/TARGETS.md (pure)
     targets/           the converters, one per family of the table (bf16, fp8_block, megamoe, moe_ep);
                        rules.py checks a target against the model and the options (pure); families.py what each
                        family says of its outputs without a converter: its own rules, report line, card text,
@@ -95,7 +97,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "publish": _BASE | {"files"},
     "verification": _BASE | {"files", "kernels", "numerics", "options", "plan", "targets"},
     "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
-    "eta": _BASE,
+    "eta": _BASE | {"files"},
+    "serving": frozenset({"errors", "kernels"}),
     "console": _BASE,
     "conversion": _BASE | {"budget", "checkpoint", "console", "distributed", "eta", "files", "hub", "kernels",
                            "options", "pipeline", "plan", "resume", "targets", "publish"},
@@ -103,7 +106,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "testing": _BASE | {"checkpoint", "files"},
     "demo": _BASE | {"console", "conversion", "testing", "verification"},
     "cli": _BASE | {"console", "conversion", "demo", "files", "hub", "inspection", "kernels", "options", "targets",
-                    "publish", "verification"},
+                    "publish", "serving", "verification"},
     "entry": frozenset({"cli"}),
     "__main__": frozenset({"entry"}),
 }

@@ -179,6 +179,7 @@ def main() -> None:
     \b
     fimoe-convert SRC OUT [--target NAME] ...   convert (SRC: a folder or a Hub repo id org/name)
     fimoe-convert inspect SRC                   what a checkpoint (or an output) holds, which targets fit
+    fimoe-convert recommend --engine E --gpu G  do I need a conversion, and which, for my engine and GPU
     fimoe-convert targets                       every target, which GPUs and engines run it, which fit here
     fimoe-convert verify OUT [--deep]           every file of OUT against its manifest
     fimoe-convert upload OUT REPO_ID            publish a verified OUT on the Hub
@@ -399,6 +400,18 @@ def _presets_text() -> list[str]:
         flags += [f"--param {k}={v}" for k, v in p.get("params", {}).items()]
         lines.append(f"  {name:34} {p.get('model', 'any model')}: {' '.join(flags)}")
     return lines
+
+
+@main.command("recommend")
+@click.option("--engine", required=True, help="vllm, sglang, transformers or flashinfer (your own serving code).")
+@click.option("--gpu", required=True, help="A GPU by name (H200, B200, RTX 5090) or compute capability (9.0, sm90).")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable answer.")
+def recommend_cmd(engine, gpu, as_json):
+    """Which target (or none) to convert to for an ENGINE on a GPU: why, the size on disk, the serve command."""
+    from .serving import recommend, text
+
+    r = recommend(engine, gpu)
+    _emit(r.to_json(), as_json, text(r))
 
 
 @main.command("verify")

@@ -6,6 +6,7 @@ file gets no `\\r` redraws); only rank 0 of a torchrun launch shows anything."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -16,6 +17,7 @@ import time
 from .sizes import human
 
 PLAIN_EVERY_S = 5.0  # seconds between progress lines when stderr is not a terminal
+RATE_WINDOW_S = 10.0  # the progress rate and time left come from the bytes done in these last seconds
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops a command as Ctrl-C does
 
 
@@ -65,29 +67,42 @@ class Progress:
         self.bar = None
         self.t0 = self.last = time.monotonic()
         self.done = self.total = 0
+        # (seconds, bytes done) of the calls in the last RATE_WINDOW_S: the rate is that of the recent bytes. Not
+        # from the start: the seconds before the first call (imports, checks, the first unit) and a slow first
+        # stretch (the inputs hashed beside) told "3072 s left" of a 20 s job.
+        self.points: collections.deque[tuple[float, int]] = collections.deque()
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
         self.done, self.total = done, total
+        now = time.monotonic()
+        self.points.append((now, done))
+        while len(self.points) > 2 and self.points[1][0] <= now - RATE_WINDOW_S:
+            self.points.popleft()  # the oldest kept is at or just before the window's start
         if sys.stderr.isatty() and terminal_columns() > 0:  # a bar 0 columns wide shows nothing: plain lines
             if self.bar is None:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=self.desc,
-                                file=sys.stderr, dynamic_ncols=True)
+                self.bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1000,
+                                desc=self.desc, file=sys.stderr, dynamic_ncols=True)
             self.bar.update(done - self.bar.n)
         elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total:
             self.last = time.monotonic()
             print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
-        secs = max(time.monotonic() - self.t0, 1e-9)
-        rate = self.done / secs
-        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        """One plain progress line. The rate and the time left come from the bytes done in the last RATE_WINDOW_S
+        (from the first call on); before a second call, the rate since the start, and no time left."""
+        now = time.monotonic()
         pct = 100 * self.done / self.total if self.total else 100.0
-        eta = f", about {left:.0f} s left" if self.done < self.total and left != float("inf") else ""
-        return f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%), {human(rate)}/s{eta}"
+        text = f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%)"
+        t_old, d_old = self.points[0] if self.points else (self.t0, 0)
+        if now > t_old and self.done > d_old:
+            rate = (self.done - d_old) / (now - t_old)
+            left = f", about {(self.total - self.done) / rate:.0f} s left" if self.done < self.total else ""
+            return f"{text}, {human(rate)}/s{left}"
+        return f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,58 +1,186 @@
 """The time a conversion is estimated to take, printed by `--dry-run` and labeled as an estimate.
 
-Measured, not assumed: one unit of the target's own work is read and converted (twice: the second run is timed,
-so one-time costs such as kernel compiles stay out), and SRC's read rate is taken from reading that unit's inputs.
-Reading, converting and writing overlap in the pipeline, so the estimate is the larger of the two totals. For a Hub
-repo whose weights are not downloaded, the unit is zeros of the same dtypes and shapes (the conversion's time does
-not depend on the values), and only the conversion's share is estimated."""
+Measured, not assumed, on samples of real size: for each kind of unit (routed experts, each leg of them; dense
+rewrites), the largest and the smallest unit are read and converted twice, which gives a cost per unit and per byte
+(the second run) and the one-time costs (the first run's excess: kernel compiles; and the model card's imports),
+which a conversion pays too.
+SRC's read rate comes from reading at least SAMPLE_READ_BYTES of inputs, the sha256 rate from hashing
+HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and, given OUT, its disk's write rate from a
+probe file written as shards are. The stages overlap in the pipeline but share the cores: the estimate is the
+larger of the longest stage and their sum spread over the cores free now (the speed-up of hashing on several
+threads at once). For a Hub repo whose weights are not downloaded, the units are zeros of the same dtypes and
+shapes (the conversion's time does not depend on the values), and only the conversion's share is estimated."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sys
 import time
 
 from .errors import FimoeError
+from .files.output.space import write_rate as write_rate_of
 from .sizes import human
+
+SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
+HASH_SAMPLE_BYTES = 8 * 1000**2  # bytes hashed (best of three) to measure sha256's rate
+WRITE_SAMPLE_BYTES = 32 << 20  # bytes written to a probe file in OUT to measure its disk's write rate
 
 
 def _secs(s: float) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s"
 
 
-def estimate(source, target, plan, notice=None) -> tuple[str, float | None]:
-    """(one line for the user, seconds or None); `notice(line)` is told first what is timed (it takes seconds)."""
+def _when(secs: float) -> str:
+    return (f"about {secs:.1f} s" if secs < 10 else f"about {secs:.0f} s" if secs < 120
+            else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
+
+
+def _kind(u) -> tuple:
+    """Units of one kind do the same work per byte: dense rewrites, and each leg of the experts' (a megamoe l2 unit
+    takes ten times an l1 unit half its size)."""
+    return (u.dense, u.leg or "")
+
+
+def _ends(units, kind) -> tuple:
+    """The largest and the smallest unit of `kind` (one unit twice when they are all of a size)."""
+    same = sorted((u for u in units if _kind(u) == kind), key=lambda u: (u.out_bytes, u.key))
+    return (same[-1] if same[-1].out_bytes > same[0].out_bytes else same[0]), same[0]
+
+
+def samples(units) -> list:
+    """The units timed: the largest and the smallest of each kind, largest first."""
+    picked = {u for kind in {_kind(u) for u in units} for u in _ends(units, kind)}
+    return sorted(picked, key=lambda u: (-u.out_bytes, u.key))
+
+
+def unit_seconds(units, timed: dict) -> float:
+    """The seconds `units` take to convert, from `timed` {unit key: seconds} of samples(units): per kind, a line
+    through its smallest and largest unit (a fixed cost per unit and a cost per byte)."""
+    total = 0.0
+    for kind in {_kind(u) for u in units}:
+        same = [u for u in units if _kind(u) == kind]
+        big, small = _ends(units, kind)
+        t_big, t_small = timed[big.key], timed[small.key]
+        if big.out_bytes > small.out_bytes:
+            per_byte = max(t_big - t_small, 0.0) / (big.out_bytes - small.out_bytes)
+            total += len(same) * t_small + sum(u.out_bytes - small.out_bytes for u in same) * per_byte
+        else:
+            total += len(same) * t_big
+    return total
+
+
+def _cores() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _parallelism(cores: int) -> float:
+    """How many of the cores this process gets now (other processes may hold some): the speed-up of sha256 over
+    the same bytes on up to four threads at once (hashlib lets go of the GIL), between 1 and that count."""
+    import threading
+
+    n = min(cores, 4)
+    if n < 2:
+        return 1.0
+    data = bytes(HASH_SAMPLE_BYTES // 2)
+    t0 = time.perf_counter()
+    hashlib.sha256(data).digest()
+    one = time.perf_counter() - t0
+    threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
+
+
+def _card_seconds() -> float:
+    """Seconds to import what the model card is made with (huggingface_hub's ModelCard), which a conversion pays
+    once at its end (1-2 s on a busy 2-core machine); 0 where this process has it already."""
+    if "huggingface_hub.repocard" in sys.modules:
+        return 0.0
+    t0 = time.perf_counter()
+    from huggingface_hub import ModelCard  # noqa: F401 - imported to be timed
+
+    return time.perf_counter() - t0
+
+
+def _hash_rate() -> float:
+    data, best = bytes(HASH_SAMPLE_BYTES), float("inf")  # sha256 takes as long for any bytes
+    for _ in range(3):  # the best of three: other processes share the cores
+        t0 = time.perf_counter()
+        hashlib.sha256(data).digest()
+        best = min(best, time.perf_counter() - t0)
+    return len(data) / max(best, 1e-6)
+
+
+def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, float | None]:
+    """(one line for the user, seconds or None); `notice(line)` is told first what is timed (it takes seconds).
+    With `out_dir`, its disk's write rate is measured too (a probe file, removed at once)."""
     if not plan.units:
         return "ETA: not estimated (nothing to convert)", None
-    units = sorted(plan.units.values(), key=lambda u: u.out_bytes)
-    unit = units[len(units) // 2]  # a typical unit (the median by output bytes)
-    local = all(source.is_local(n) for n in unit.inputs)
+    units = list(plan.units.values())
+    picked = samples(units)
+    local = all(source.is_local(n) for u in picked for n in u.inputs)
+    device = target.opts.device
     if notice is not None:
-        notice(f"timing one unit ({unit.key}, {human(unit.out_bytes)}) of --target {target.kernel.name} on "
-               f"{target.opts.device} to estimate the conversion's time...")
+        notice(f"timing {len(picked)} sample unit{'s' if len(picked) > 1 else ''} ("
+               + ", ".join(f"{u.key}, {human(u.out_bytes)}" for u in picked)
+               + f") of --target {target.kernel.name} on {device} to estimate the conversion's time...")
+    timed, read_s, in_bytes, once_s = {}, 0.0, 0, 0.0
     try:
-        t0 = time.perf_counter()
-        inputs = {n: source.read(n) if local else source.zeros(n) for n in unit.inputs}
-        read_s = time.perf_counter() - t0
-        target.run(unit, inputs)
-        t0 = time.perf_counter()
-        target.run(unit, inputs)
-        run_s = time.perf_counter() - t0
+        for u in picked:
+            t0 = time.perf_counter()
+            inputs = {n: source.read(n) if local else source.zeros(n) for n in u.inputs}
+            read_s += time.perf_counter() - t0
+            in_bytes += sum(source.info(n).nbytes for n in u.inputs)
+            t0 = time.perf_counter()
+            target.run(u, inputs)
+            first_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            target.run(u, inputs)
+            timed[u.key] = time.perf_counter() - t0
+            once_s += max(first_s - timed[u.key], 0.0)  # compiles and warm-ups: a conversion pays them once too
     except FimoeError as e:
-        return f"ETA: not estimated (converting a sample unit, {unit.key}, failed: {e})", None
-    in_bytes = sum(source.info(n).nbytes for n in unit.inputs)
-    unit_out = sum(u.out_bytes for u in plan.units.values())
-    convert_s = run_s * unit_out / max(unit.out_bytes, 1)
+        return f"ETA: not estimated (converting a sample unit failed: {e})", None
+    once_s += _card_seconds()
+    convert_s = unit_seconds(units, timed) + once_s
+    big = picked[0]
+    sample = f"{big.key}, {human(big.out_bytes)} in {_secs(timed[big.key])}"
     if not local:  # nothing of SRC was read, so no read rate: the conversion's own share only
         return (f"ETA: converting takes about {convert_s:.0f} s after the download of {human(plan.read_bytes)} "
-                f"(estimate: a sample unit, {unit.key}, of zeros with the checkpoint's shapes, converted "
-                f"{human(unit.out_bytes)} in {_secs(run_s)} on {target.opts.device}; the weights are not in the local "
-                "cache, so neither the download nor the read rate is measured)"), None
+                f"(estimate: {len(picked)} sample units of zeros with the checkpoint's shapes converted on {device}, "
+                f"the largest {sample}; the weights are not in the local cache, so neither the download nor the "
+                "read rate is measured)"), None
+    # More of SRC, largest units first, until the read rate comes from SAMPLE_READ_BYTES (or all of SRC).
+    for u in sorted(units, key=lambda u: -u.out_bytes):
+        if in_bytes >= min(SAMPLE_READ_BYTES, plan.read_bytes):
+            break
+        if u in picked:
+            continue
+        t0 = time.perf_counter()
+        for n in u.inputs:
+            source.read(n)
+        read_s += time.perf_counter() - t0
+        in_bytes += sum(source.info(n).nbytes for n in u.inputs)
     read_rate = in_bytes / max(read_s, 1e-6)
-    io_bytes = plan.read_bytes + sum(s.nbytes for s in plan.shards)
-    io_s = io_bytes / read_rate
-    secs = max(convert_s, io_s)
-    when = ("under 1 s" if secs < 1 else f"about {secs:.0f} s" if secs < 120
-            else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
-    return (f"ETA: {when} (estimate: a sample unit, {unit.key}, converted {human(unit.out_bytes)} in {_secs(run_s)} on "
-            f"{target.opts.device}, so {len(plan.units)} units take about {convert_s:.0f} s; reading and writing "
-            f"{human(io_bytes)} at the {human(read_rate)}/s read from SRC take about {io_s:.0f} s; the larger of "
-            "the two, as they overlap; a cached sample or a slower OUT disk make it longer)"), secs
+    hash_rate = _hash_rate()
+    write_bytes = sum(s.nbytes for s in plan.shards)
+    write_rate = write_rate_of(out_dir, WRITE_SAMPLE_BYTES) if out_dir is not None else None
+    read_total_s = plan.read_bytes / read_rate
+    hash_s = (plan.read_bytes + write_bytes) / hash_rate
+    write_s = write_bytes / write_rate if write_rate else 0.0
+    cores = _cores()
+    parallel = _parallelism(cores)
+    secs = max(convert_s, read_total_s, hash_s, write_s, (convert_s + read_total_s + hash_s + write_s) / parallel)
+    writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {write_s:.1f} s" if write_rate else
+              "writing OUT not measured")
+    return (f"ETA: {_when(secs)} (estimate, measured here: {len(units)} units convert in about {convert_s:.1f} s on "
+            f"{device}, {once_s:.1f} s of it one-time costs (largest sample {sample}); reading "
+            f"{human(plan.read_bytes)} at {human(read_rate)}/s about {read_total_s:.1f} s; hashing "
+            f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {hash_s:.1f} s; "
+            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {parallel:.1f} of them free now)"), secs

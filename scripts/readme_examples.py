@@ -22,6 +22,7 @@ TARGETS_TABLE = ["-c", "from fimoe_convert.cli import targets_lines; from fimoe_
 # name -> (document, commands: the arguments after `fimoe-convert`, or `-c CODE` for Python; whether the block
 # shows the commands as `$ ...` lines)
 EXAMPLES = {
+    "recommend": ("README.md", [["recommend", "--engine", "vllm", "--gpu", "H200"]], True),
     "demo": ("README.md", [["demo"]], False),
     "inspect-verify": ("README.md", [["inspect", "demo-out/out-megamoe_sm90_mxfp4"], ["verify", "demo-out/out-bf16"]],
                        True),

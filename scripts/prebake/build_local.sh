@@ -179,6 +179,8 @@ health=$("${B[@]}" inspect --type image "$IMAGE:2" | python3 -c 'import json, sy
 echo "HEALTHCHECK CMD sh -c '$health'"
 "${B[@]}" run "$ctr" -- sh -c "$health" && echo "health check command: exit 0" \
     || die "the image's HEALTHCHECK command failed; expected exit 0 on a verified /models/out; try it in: buildah run $ctr -- sh"
+# The entrypoint (ENGINE=none here: no engine in the base image) says what the image holds.
+"${B[@]}" run "$ctr" -- fimoe-serve || die "the image's entrypoint fimoe-serve failed; expected it to describe /models/out"
 "${B[@]}" run "$ctr" -- sh -c 'cd /models/out && sha256sum $(find . -type f | sort) && ls -ld --time-style=+%s /models /models/out $(find . -type f | sort)'
 
 # ---------------------------------------------------------------------------- digests

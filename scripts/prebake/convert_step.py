@@ -46,7 +46,8 @@ def main() -> None:
             layer = work / f"layer-{way.split()[-1]}"
             step = (conversion_step().replace("/hf-cache", str(cache)).replace("/layer", str(layer))
                     .replace("/tmp/hf-small-files", str(work / "small-files")))
-            env = {**os.environ, "MODEL": MODEL, "REVISION": COMMIT, "TARGET": "bf16", "EP_SIZE": "1", "ARCH": "",
+            env = {**os.environ, "MODEL": MODEL, "REVISION": COMMIT, "TARGET": "bf16", "PARAMS": "", "EP_SIZE": "1",
+                   "ARCH": "", "DEVICE": "cpu", "ENGINE": "none",
                    "CONVERT_ARGS": "-q", "HF_ENDPOINT": url if way == "streamed" else ""}
             r = subprocess.run(["bash", "-c", step], env=env, capture_output=True, text=True)
             print(f"-- {way}: exit {r.returncode}\n{r.stdout.strip()}")

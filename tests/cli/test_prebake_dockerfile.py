@@ -145,7 +145,10 @@ def problems(text: str) -> list[str]:
                  "HTTPS_PROXY=http://127.0.0.1:9": "proxies that lead nowhere", "set -- --offline;": "--offline",
                  "set -- --stream;": "--stream when no hf-cache context holds MODEL",
                  '/layer/models/out "$@" ': "the source flag passed to the conversion",
-                 " --device cpu ": "--device cpu", "fimoe-convert verify /layer/models/out": "a verify of OUT",
+                 '--device "${DEVICE}" ': "--device from DEVICE",
+                 'for p in ${PARAMS}; do set -- "$@" --param "$p"; done;': "PARAMS passed as --param",
+                 'case "${ENGINE}:${TARGET}:${PARAMS}" in': "the check that ENGINE loads TARGET",
+                 "fimoe-convert verify /layer/models/out": "a verify of OUT",
                  "find /layer -exec touch -h -d @0 {} +": "fixed mtimes (touch -d @0) of OUT and /models"}
         p += [f"line {n}: conversion step lacks {why}" for key, why in needs.items() if key not in args]
         if re.search(r"HF_HUB_CACHE=/layer", args):
@@ -156,6 +159,13 @@ def problems(text: str) -> list[str]:
             p.append(f"line {n}: the offline conversion step installs or downloads")
         if arg_defaults([i for i in conv if i[0] < n]).get("MODEL", "") is not None:
             p.append("convert: ARG MODEL (no default) is not declared before the conversion step")
+        d = arg_defaults(conv)
+        if (d.get("TARGET"), d.get("PARAMS"), d.get("DEVICE")) != ("fp8_block", "scale_dtype=f32", "cpu"):
+            p.append(f"convert: TARGET, PARAMS, DEVICE default to {d.get('TARGET')!r}, {d.get('PARAMS')!r}, "
+                     f"{d.get('DEVICE')!r}; expected fp8_block, scale_dtype=f32 (what vLLM, SGLang and "
+                     "transformers load), cpu")
+        if "vllm:fp8_block:*scale_dtype=f32*)" not in args or "vllm:fp8_block:*)" in args:
+            p.append(f"line {n}: the ENGINE check lets vLLM take fp8_block without scale_dtype=f32 (read as FP4)")
     every = [i for s in st for i in s[2]] + glob
     for n, w, args in every:
         if w in ("COPY", "ADD") and "hf-cache" in args:
@@ -169,6 +179,17 @@ def problems(text: str) -> list[str]:
     for n, w, args in serve:
         if w in ("COPY", "ADD") and "--from=" in args and not args.startswith(("--from=convert /src ", OUT_COPY)):
             p.append(f"line {n}: serve copies {args!r}; expected only /src and /layer/ from the convert stage")
+    if g.get("ENGINE") != "none":
+        p.append(f"global ARG ENGINE defaults to {g.get('ENGINE')!r}; expected none (the default SERVE_IMAGE has no "
+                 "engine)")
+    if [args for _, w, args in serve if w == "ENTRYPOINT"] != ['["fimoe-serve"]']:
+        p.append("serve: ENTRYPOINT is not fimoe-serve (the image starts ENGINE on /models/out)")
+    serve_runs = " ".join(args for _, w, args in serve if w == "RUN")
+    for engine, start in (("vllm", "exec vllm serve /models/out"),
+                          ("sglang", "export SGLANG_DSV4_FP4_EXPERTS=0; exec python3 -m sglang.launch_server "
+                                     "--model-path /models/out")):
+        if start not in serve_runs:
+            p.append(f"serve: fimoe-serve does not start {engine} on /models/out ({start!r})")
     health = [(n, args) for n, w, args in serve if w == "HEALTHCHECK"]
     if len(health) != 1:
         p.append(f"serve: {len(health)} HEALTHCHECKs; expected one")
@@ -217,6 +238,12 @@ MUTATIONS = {
     "small files in the layer": ("HF_HUB_CACHE=/tmp/hf-small-files", "HF_HUB_CACHE=/layer/hf-small-files"),
     "cache stage not empty": ("FROM scratch AS hf-cache\n", "FROM scratch AS hf-cache\nCOPY README.md /\n"),
     "local base": ("ARG PYTHON_IMAGE=python:3.11-slim", "ARG PYTHON_IMAGE=localhost/fimoe-base:bookworm"),
+    "kernel target by default": ("TARGET=fp8_block PARAMS=scale_dtype=f32", "TARGET=megamoe_sm90_mxfp4 PARAMS="),
+    "plain fp8_block for vLLM": ("vllm:fp8_block:*scale_dtype=f32*)", "vllm:fp8_block:*)"),
+    "CPU hard-coded": ('--device "${DEVICE}" ', "--device cpu "),
+    "params dropped": ('for p in ${PARAMS}; do set -- "$@" --param "$p"; done; ', ""),
+    "no engine start": ('ENTRYPOINT ["fimoe-serve"]\n', ""),
+    "SGLang reads FP4": ("export SGLANG_DSV4_FP4_EXPERTS=0; exec", "exec"),
 }
 
 

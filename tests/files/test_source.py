@@ -232,12 +232,36 @@ def test_all_problems_reported_at_once(tiny_copy):
 
 
 @pytest.mark.parametrize("spec, match, exc", [
-    ("no/such/folder/here", r"no such folder, and not a Hub repo id", UsageError),
+    ("no/such/folder/here", r"^SRC 'no/such/folder/here': no such folder \('no' is not in this folder\); ",
+     UsageError),
+    ("nosuchfolder", r"no such folder, and not a Hub repo id", UsageError),
     ("config.json", r"is a file; expected a checkpoint folder", UsageError),
 ])
 def test_bad_src(tiny_ckpt, monkeypatch, spec, match, exc):
     monkeypatch.chdir(tiny_ckpt)
     with pytest.raises(exc, match=match):
+        open_source(spec)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("demo-out/scr", r"^SRC 'demo-out/scr': no such folder \('scr' is not in demo-out/; with the folder 'demo-out' "
+                     r"here, SRC is a path, not a Hub repo id\); did you mean 'demo-out/src'\?$"),
+    ("demo-out/zzz", r"^SRC 'demo-out/zzz': no such folder .*\); demo-out/ has out-bf16, src$"),
+    ("./demo-out/scr", r"^SRC './demo-out/scr': no such folder \('scr' is not in demo-out/\); did you mean "
+                       r"'demo-out/src'\?$"),
+])
+def test_a_typo_in_a_local_path_is_no_hub_request(tmp_path, monkeypatch, spec, match):
+    """org/name whose org is a folder here is a path: its absence is said, with the closest name, and the Hub is not
+    asked (it would say it cannot be reached, offline)."""
+    from fimoe_convert.files.sources import hub
+
+    (tmp_path / "demo-out" / "src").mkdir(parents=True)
+    (tmp_path / "demo-out" / "out-bf16").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub, "reach_hub", lambda *a: pytest.fail("the Hub was asked"))
+    with pytest.raises(UsageError, match=match):
+        hub.check_source(spec, None, False)
+    with pytest.raises(UsageError, match=match):
         open_source(spec)
 
 

@@ -3,6 +3,7 @@ and whether a single-file checkpoint lies beside the output's index (an engine m
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -30,3 +31,35 @@ def stray_single_file(out_dir: Path, listed: dict) -> str | None:
         return None
     return (f"{path}: not part of this output, and an engine that finds it beside the index may load it in place of "
             f"the shards; move it out of {out_dir}")
+
+
+def write_rate(out_dir: Path, nbytes: int) -> float | None:
+    """Bytes per second at which OUT's disk takes a shard's writes, from writing `nbytes` as the shard writer does
+    (O_DIRECT where the file system takes it, then fsync) into a hidden probe file in OUT or the nearest folder above
+    it that exists, removed at once; None where no such folder can be written."""
+    import mmap
+    import tempfile
+    import time
+
+    from ..safetensors.writer import _direct_opener
+
+    folder = Path(out_dir).absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    block = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT wants
+    try:
+        fd, name = tempfile.mkstemp(prefix=".fimoe-write-probe-", dir=folder)
+    except OSError:
+        return None
+    os.close(fd)
+    try:
+        t0 = time.perf_counter()
+        with open(name, "wb", buffering=0, opener=_direct_opener) as f:
+            for _ in range(max(nbytes >> 20, 1)):
+                f.write(block)
+            os.fsync(f.fileno())
+        return max(nbytes >> 20, 1) * len(block) / max(time.perf_counter() - t0, 1e-6)
+    except OSError:
+        return None
+    finally:
+        os.unlink(name)

@@ -10,6 +10,7 @@ file) need both."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import queue
 import re
@@ -67,7 +68,30 @@ _REACHED: set[tuple[str, str, str | None]] = set()  # (endpoint, repo, revision)
 
 
 def _is_repo_id(spec: str) -> bool:
-    return bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
+    """org/name, unless `org` is a folder here: then SRC is a path (a typo in demo-out/src is not a Hub request)."""
+    return (bool(_REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
+            and not Path(spec.split("/", 1)[0]).expanduser().is_dir())
+
+
+def _no_such_folder(spec: str) -> str:
+    """SRC names no folder and no Hub repo: say so, with the nearest folder above it that exists and the entries of
+    it that are closest to the missing part."""
+    path = Path(spec).expanduser()
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        path, parent = parent, parent.parent
+    try:
+        names = sorted(p.name for p in parent.iterdir() if p.is_dir())
+    except OSError:
+        names = []
+    close = difflib.get_close_matches(path.name, names, n=2, cutoff=0.6)
+    shown = "" if str(parent) == "." else f"{parent}/"
+    hint = (f"did you mean {' or '.join(repr(shown + c) for c in close)}?" if close else
+            f"{shown or 'this folder'} has {', '.join(names[:8]) + (', ...' if len(names) > 8 else '')}" if names
+            else f"{shown or 'this folder'} has no folders")
+    repo = (f"; with the folder {spec.split('/', 1)[0]!r} here, SRC is a path, not a Hub repo id"
+            if _REPO_ID_RE.match(spec) and not spec.startswith((".", "/")) else "")
+    return f"SRC {spec!r}: no such folder ({path.name!r} is not in {shown or 'this folder'}{repo}); {hint}"
 
 
 is_repo_id = _is_repo_id
@@ -100,6 +124,8 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     if path.exists():
         raise UsageError(f"SRC {spec!r} is a file; expected a checkpoint folder or a Hub repo id (org/name)")
     if not _is_repo_id(spec):
+        if _REPO_ID_RE.match(spec) or "/" in spec:
+            raise UsageError(_no_such_folder(spec))
         raise UsageError(f"SRC {spec!r}: no such folder, and not a Hub repo id (org/name)")
     import huggingface_hub
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
