@@ -23,8 +23,8 @@ def test_presets_are_package_data_listed_by_targets():
                      re.M), r.output
 
 
-@pytest.mark.parametrize("config", ["v4_flash_fp8_block_vllm", "no/such/folder/v4_flash_fp8_block_vllm.toml"])
-def test_a_preset_by_name_or_a_missing_path_to_its_file(tiny_ckpt, tmp_path, config):
+@pytest.mark.parametrize("config", ["v4_flash_fp8_block_vllm", "configs/v4_flash_fp8_block_vllm.toml"])
+def test_a_preset_by_name_or_by_its_path_in_the_repository(tiny_ckpt, tmp_path, config):
     r = run(tiny_ckpt, tmp_path / "out", "--config", config, "--dry-run", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["target"] == "fp8_block"

@@ -11,7 +11,7 @@ rx = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rx)
 
 README_TEXT = (REPO / "README.md").read_text()
-EXPECTED = ["recommend", "demo", "inspect-verify", "upload-dry-run"]
+EXPECTED = ["demo", "inspect-verify", "recommend", "upload-dry-run"]  # sorted
 
 
 @pytest.fixture(scope="module")

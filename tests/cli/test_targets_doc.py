@@ -1,5 +1,6 @@
 """docs/TARGETS.md's targets table is `fimoe-convert targets` less its `here` column, as the kernel table makes it now
 (scripts/readme_examples.py writes the block; `--write` repairs it)."""
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -36,9 +37,9 @@ def test_the_block_says_nothing_of_the_machine():
 
 def test_the_block_is_the_commands_table_less_one_column():
     """With every target available, `targets`' lines less the `here` field are the document's lines."""
-    rows = [dict(r, available_here=True, why="") for r in list_targets()]
+    rows = [dataclasses.replace(r, available_here=True, why="") for r in list_targets()]
     start = len(f"{'target':34} {'arch':10} {'weights':9} {'nvshmem':7} ")
-    table = {"target"} | {r["name"] for r in rows}  # the header and the targets' rows; not the lines below them
+    table = {"target"} | {r.name for r in rows}  # the header and the targets' rows; not the lines below them
     cut = [line[:start] + line[start + 5:] if line.split(" ")[0] in table else line for line in targets_lines(rows)]
     assert [line.rstrip() for line in cut] == targets_lines(rows, here=False)
 
