@@ -191,7 +191,8 @@ def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
                         r"convert in about [0-9.]+ s on cpu, [0-9.]+ s of it one-time costs \(largest sample "
                         r"\S+, 196\.61 kB in [0-9.]+ ms\); reading 4\.84 MB at [0-9.]+ [kMGT]?B/s "
                         r"about [0-9.]+ s; hashing [0-9.]+ MB in and out at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
-                        r"writing [0-9.]+ [kMGT]?B at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; they overlap on \d+ cores?, [0-9.]+ of them free now\)",
+                        r"writing [0-9.]+ [kMGT]?B at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
+                        r"they overlap on \d+ cores?, [0-9.]+ of them free now\)",
                         lines[5]), lines[5]
     assert not out.exists()
 
