@@ -24,7 +24,16 @@ from .errors import InputError, ValidationError
 from .files.hashing import CORES_PER_INPUT_HASH, hash_threads
 from .files.names import INDEX_NAME
 from .files.output.atomic import remove_own_temporaries
-from .files.output.folder import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
+from .files.output.folder import (
+    check_out,
+    copy_file,
+    file_record,
+    free_disk,
+    path_kind,
+    prepare_out,
+    write_json,
+    write_text,
+)
 from .files.output.lock import OutLock
 from .files.output.manifest import LiveManifest, remove_rank_status, write_manifest
 from .files.output.space import reclaimable_bytes
@@ -73,7 +82,7 @@ def convert(src: str, out: str, target: str | None = None, *, revision: str | No
                   upload_repo=upload_repo, model=model, config=config, command=command, progress=progress,
                   check_progress=check_progress, notice=notice, connections=connections)
     local = Path(src).expanduser()
-    if problems := check_out([local] if local.is_dir() else [], req.out, resume, overwrite):
+    if problems := check_out([local] if path_kind(local) == "folder" else [], req.out, resume, overwrite):
         raise ValidationError(problems)  # checked again once SRC is open (a Hub snapshot's cache folder too)
     check_source(src, revision, offline)
     early = stream and not (dry_run or resume)
