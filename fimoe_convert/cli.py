@@ -301,7 +301,8 @@ def _loads_in(kernel, params: dict) -> str:
     from .serving import engine_names, expert_scales, loading_engines
 
     scales = expert_scales(kernel, params)
-    engines = engine_names(loading_engines(kernel, params))
+    # a kernel layout: the kernel table says through what FlashInfer loads it
+    engines = kernel.engines if kernel.kernel_name else engine_names(loading_engines(kernel, params))
     return (f"expert scales: {scales}; " if scales else "") + f"loads in: {engines}"
 
 
