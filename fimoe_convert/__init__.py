@@ -53,7 +53,8 @@ files):
     budget (memory constants) <- files, pipeline, options, targets, conversion
     records (pure; imports errors only) <- versions and every layer above
     conversion -> publish (--upload-repo publishes OUT at the end); options -> files, distributed, publish (the
-    checks of --stream and --upload-repo)
+    checks of --stream and --upload-repo); options, hub, inspection -> serving (what --engine implies, the
+    engines that load an output)
 
 FlashInfer, deep_gemm and triton are imported inside the functions that need them, so `--help`, `inspect`,
 `targets` and the BF16 path work without them.
@@ -91,12 +92,12 @@ LAYERS: dict[str, frozenset[str]] = {
     "targets": _BASE | {"budget", "kernels", "checkpoint", "numerics", "plan"},
     "pipeline": _BASE | {"budget", "files", "plan"},
     "distributed": _BASE,
-    "options": _BASE | {"budget", "distributed", "files", "kernels", "publish", "targets"},
+    "options": _BASE | {"budget", "distributed", "files", "kernels", "publish", "serving", "targets"},
     "resume": _BASE | {"distributed", "files", "pipeline", "plan"},
-    "hub": _BASE | {"files", "targets"},
+    "hub": _BASE | {"files", "kernels", "serving", "targets"},
     "publish": _BASE | {"files"},
     "verification": _BASE | {"files", "kernels", "numerics", "options", "plan", "targets"},
-    "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "targets"},
+    "inspection": _BASE | {"checkpoint", "files", "kernels", "options", "serving", "targets"},
     "eta": _BASE | {"files"},
     "serving": frozenset({"errors", "kernels"}),
     "console": _BASE,

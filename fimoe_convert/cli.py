@@ -191,8 +191,11 @@ def main() -> None:
 @main.command("convert", epilog=EXAMPLES)
 @click.argument("src")
 @click.argument("out")
-@click.option("--target", type=TargetName(), default="bf16", show_default=True,
-              help="What to convert to; `fimoe-convert targets` lists them.")
+@click.option("--target", type=TargetName(), default=None,
+              help="What to convert to; `fimoe-convert targets` lists them.  [default: bf16, or --engine's choice]")
+@click.option("--engine", default=None, metavar="ENGINE",
+              help="vllm, sglang, transformers or flashinfer: convert so that the output loads there (without "
+                   "--target: that engine's conversion, e.g. fp8_block with F32 scales for vLLM).")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) of SRC.")
 @click.option("--ep-size", type=int, default=1, show_default=True,
               help="Expert-parallel ranks to pre-shard for (rank r gets experts [r*E/N, (r+1)*E/N)).")
@@ -271,8 +274,9 @@ def _command(ctx: click.Context, src: str, flags: dict, params: dict) -> str:
     """The command line for the model card: the flags that differ from their defaults, in a fixed order (the card's
     bytes must not depend on the order they were typed in, or on a preset file's path)."""
     defaults = {p.name: p.default for p in ctx.command.params}
-    shown = [f"--{k.replace('_', '-')} {flags[k]}" for k in ("target", "revision", "ep_size", "arch", "shard_size")
-             if flags[k] != defaults[k]]
+    defaults["target"] = None if flags["engine"] else "bf16"  # bf16 given or not: the same card without --engine
+    shown = [f"--{k.replace('_', '-')} {flags[k]}" for k in ("target", "engine", "revision", "ep_size", "arch",
+                                                            "shard_size") if flags[k] not in (None, defaults[k])]
     from .files.output.folder import path_kind
 
     shown_src = shlex.quote(src) if path_kind(src) == "missing" else "SRC"  # a local path stays on this machine
@@ -289,7 +293,17 @@ def _summary(res) -> str:
     from .targets.families import family
 
     line = family(BY_NAME[res.target]).report_line(res.report)
-    return text + (f"\n{line}" if line else "") + _skipped(res)
+    return text + (f"\n{line}" if line else "") + f"\n{_loads_in(BY_NAME[res.target], res.params)}" + _skipped(res)
+
+
+def _loads_in(kernel, params: dict) -> str:
+    """The output's expert scale dtype (fp8_block) and the engines that load it (serving.py)."""
+    from .serving import engine_names, expert_scales, loading_engines
+
+    scales = expert_scales(kernel, params)
+    # a kernel layout: the kernel table says through what FlashInfer loads it
+    engines = kernel.engines if kernel.kernel_name else engine_names(loading_engines(kernel, params))
+    return (f"expert scales: {scales}; " if scales else "") + f"loads in: {engines}"
 
 
 def _skipped(res) -> str:
@@ -352,7 +366,7 @@ def _converted_text(r: OutputInfo) -> str:
         + f" by fimoe-convert {line(r.tool.version)}: {plural(r.files, 'file')}, {human(r.bytes)}",
         f"model: {line(m.model_type)}, hidden {m.hidden_size}, moe_intermediate {m.moe_intermediate_size}, "
         f"{m.n_routed_experts} experts, {m.moe_blocks} MoE blocks",
-        f"loads in: {BY_NAME[t.name].engines if t.name in BY_NAME else 'see its README.md'}",
+        _loads_in(BY_NAME[t.name], dict(t.parameters)) if t.name in BY_NAME else "loads in: see its README.md",
         f"compute capabilities: {', '.join(map(line, t.capabilities)) or 'any'}; check it with "
         f"`fimoe-convert verify {r.source}`"])
 

@@ -24,7 +24,16 @@ from .errors import InputError, ValidationError
 from .files.hashing import CORES_PER_INPUT_HASH, hash_threads
 from .files.names import INDEX_NAME
 from .files.output.atomic import remove_own_temporaries
-from .files.output.folder import check_out, copy_file, file_record, free_disk, prepare_out, write_json, write_text
+from .files.output.folder import (
+    check_out,
+    copy_file,
+    file_record,
+    free_disk,
+    path_kind,
+    prepare_out,
+    write_json,
+    write_text,
+)
 from .files.output.lock import OutLock
 from .files.output.manifest import LiveManifest, remove_rank_status, write_manifest
 from .files.output.space import reclaimable_bytes
@@ -43,7 +52,7 @@ DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file 
 log = logging.getLogger("fimoe_convert")
 
 
-def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = None, ep_size: int = 1,
+def convert(src: str, out: str, target: str | None = None, *, revision: str | None = None, ep_size: int = 1,
             device: str = "auto", arch: str | None = None, max_memory: str | int = DEFAULT_MAX_MEMORY,
             shard_size: str | int = DEFAULT_SHARD_SIZE, allow_lossy: bool = False, params: dict | None = None,
             resume: bool = False, overwrite: bool = False, dry_run: bool = False, offline: bool = False,
@@ -51,7 +60,7 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
             check_progress: Callable[[int, int], None] | None = None, command: str | None = None,
             stream: bool = False, upload_repo: str | None = None, model: str | None = None,
             config: str | None = None, notice: Callable[[str], None] | None = None,
-            connections: int | None = None) -> ConvertResult:
+            connections: int | None = None, engine: str | None = None) -> ConvertResult:
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
@@ -61,15 +70,20 @@ def convert(src: str, out: str, target: str = "bf16", *, revision: str | None = 
     (files/sources/stream.py), `connections` ranged GETs at once (default stream.CONNECTIONS); `upload_repo`:
     publish the finished, verified OUT there at the end (`upload`); `model`: the DeepSeek V4 variant a preset
     (`config`) is made for, checked against SRC; `notice(line)` is told of a wait before it starts (the --dry-run's
-    sample timing)."""
-    # 1. What needs neither torch nor SRC's files, in a fraction of a second: the flags, and SRC's name (a folder,
-    # or a repo the Hub has).
+    sample timing). `engine` (vllm, sglang, transformers, flashinfer): the output must load there; without
+    `target` it picks that engine's conversion (serving.engine_option); `target` None otherwise means bf16."""
+    # 1. What needs neither torch nor SRC's files, in a fraction of a second: the flags, OUT, and SRC's name (a
+    # folder, or a repo the Hub has).
     flags = check_flags(target, ep_size=ep_size, arch=arch, max_memory=max_memory, shard_size=shard_size,
-                        params=params, resume=resume, overwrite=overwrite, writers=writers)
+                        params=params, resume=resume, overwrite=overwrite, writers=writers, device=device,
+                        engine=engine)
     req = Request(src, Path(out).expanduser(), flags, device=device, allow_lossy=allow_lossy, revision=revision,
                   resume=resume, overwrite=overwrite, dry_run=dry_run, offline=offline, stream=stream,
                   upload_repo=upload_repo, model=model, config=config, command=command, progress=progress,
                   check_progress=check_progress, notice=notice, connections=connections)
+    local = Path(src).expanduser()
+    if problems := check_out([local] if path_kind(local) == "folder" else [], req.out, resume, overwrite):
+        raise ValidationError(problems)  # checked again once SRC is open (a Hub snapshot's cache folder too)
     check_source(src, revision, offline)
     early = stream and not (dry_run or resume)
     if early:  # the shards flow while torch is imported (seconds); the conversion takes the streams over
@@ -135,7 +149,7 @@ def _convert(req: Request, opts: ConvertOptions, t0: float) -> ConvertResult:
             manifest.manifest.files.update(part)
             manifest.manifest.status.update({f: Status.WRITTEN for f in part})
         if group.rank == 0:
-            _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, req.command)
+            _finish(out_dir, source, converter, plan, manifest.manifest, old, digests, req.command, req.flags.engine)
             result.report = manifest.manifest.report
         group.barrier()
         if req.upload_repo and group.rank == 0:  # one upload per launch, under the lock this run holds
@@ -226,6 +240,7 @@ def _result(out_dir: Path, source: Source, converter, plan: Plan, kept: dict, to
                            shards=len(plan.shards),
                            shards_kept=len(kept), bytes_read=plan.read_bytes, bytes_written=sum(s.nbytes for s in todo),
                            seconds=0.0, dry_run=req.dry_run, free_disk=free, skipped=list(source.skipped),
+                           params=dict(sorted(converter.opts.params.items())),
                            plan=[PlanRow(s.filename, s.rank, len(s.tensors), s.nbytes, s.filename in kept)
                                  for s in plan.shards])
     needed = result.bytes_written + sum(source.file_size(r) for r in copied_files(source))
@@ -315,7 +330,7 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, l
 
 
 def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Manifest, old: Manifest | None,
-            hashes: dict[str, str], command: str | None) -> None:
+            hashes: dict[str, str], command: str | None, engine: str | None = None) -> None:
     """Metadata files last, so that a folder without them never looks complete: the index, the config, copies
     of SRC's small files, the model card, and the manifest with `complete: true`."""
     weight_map = {t.name: s.filename for s in plan.shards for t in s.tensors}
@@ -331,7 +346,8 @@ def _finish(out_dir: Path, source: Source, converter, plan: Plan, manifest: Mani
     resuming.check_source_hashes(out_dir, old, manifest.source)
     # the per-shard parts stay in the shard records: a --resume of this folder, complete or not, reuses them
     manifest.report = converter.merge_reports([manifest.files[s.filename].report for s in plan.shards])
-    write_text(out_dir / "README.md", model_card(manifest, command, source_license(source.root, source.extra_files)))
+    write_text(out_dir / "README.md", model_card(manifest, command, source_license(source.root, source.extra_files),
+                                                    engine))
     for rel in [INDEX_NAME, "config.json", "README.md", *copied]:
         manifest.files[rel] = file_record(out_dir / rel)
     manifest.complete = True

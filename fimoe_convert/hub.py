@@ -32,12 +32,15 @@ def _fallback_command(manifest: Manifest) -> str:
 PIPELINE_TAG = "text-generation"
 
 
-def model_card(manifest: Manifest, command: str | None = None, license: dict[str, str] | None = None) -> str:
+def model_card(manifest: Manifest, command: str | None = None, license: dict[str, str] | None = None,
+               engine: str | None = None) -> str:
     """README.md text for a converted checkpoint: huggingface_hub's ModelCard, YAML header first, as the Hub expects
     of a derived model: base_model (the source repo), the source's `license` ({license, license_name,
     license_link} from its card), the library that loads it, pipeline_tag and tags.
 
-    Deterministic (no dates, sorted keys) so that two conversions give the same bytes."""
+    `engine` (--engine): the card also names the expert scale dtype and the engines that load the output; without
+    it the card is as it always was. Deterministic (no dates, sorted keys) so that two conversions give the same
+    bytes."""
     from huggingface_hub import ModelCard, ModelCardData
 
     src, target, tool, geometry = manifest.source, manifest.target, manifest.tool, manifest.model
@@ -62,6 +65,10 @@ def model_card(manifest: Manifest, command: str | None = None, license: dict[str
         "versions": {"fimoe-convert": tool.version, "torch": tool.torch, "flashinfer": tool.flashinfer,
                      "safetensors": tool.safetensors},
     }
+    rows = []
+    if engine is not None:
+        meta["engine"] = engine
+        rows = _engine_rows(target, engine)
     data = ModelCardData(base_model=base, library_name=kind.library_name(), pipeline_tag=PIPELINE_TAG,
                          tags=sorted(tags), fimoe_convert=meta, **(license or {}))
     name = base or Path(src.spec).name
@@ -82,6 +89,7 @@ def model_card(manifest: Manifest, command: str | None = None, license: dict[str
         f"| NVSHMEM | {'needed' if target.needs_nvshmem else 'not needed'} |",
         f"| vLLM --moe-backend | {target.vllm_moe_backend or '-'} |",
         f"| expert parallel size | {manifest.ep_size} |",
+        *rows,
         f"| geometry | hidden {geometry.hidden_size}, moe_intermediate {geometry.moe_intermediate_size}, "
         f"{geometry.n_routed_experts} experts, {geometry.moe_blocks} MoE blocks |",
         f"| tools | fimoe-convert {tool.version}, torch {tool.torch}, flashinfer {tool.flashinfer or '-'}, "
@@ -109,3 +117,15 @@ def model_card(manifest: Manifest, command: str | None = None, license: dict[str
         "",
     ]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
+
+
+def _engine_rows(target, engine: str) -> list[str]:
+    """The card's rows for an --engine conversion: the expert scale dtype (fp8_block) and the engines that load it."""
+    from .kernels import BY_NAME
+    from .serving import ENGINES, engine_names, expert_scales, loading_engines
+
+    kernel, params = BY_NAME[target.name], dict(target.parameters)
+    scales = expert_scales(kernel, params)
+    return ([f"| expert scales | {scales} |"] if scales else []) + [
+        f"| loads in | {engine_names(loading_engines(kernel, params))} (converted with --engine {engine}: "
+        f"{ENGINES[engine]}) |"]

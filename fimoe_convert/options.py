@@ -10,11 +10,12 @@ from pathlib import Path
 
 from .budget import MemoryBudget
 from .distributed import world_size
-from .errors import UsageError
+from .errors import UsageError, ValidationError
 from .kernels import Kernel, get_kernel
 from .records import Options
 from .sizes import parse_size
 from .targets import TargetOptions
+from .targets.rules import check_arch, check_params, cuda_device_node
 
 DEFAULT_SHARD_SIZE = "5GB"
 DEFAULT_MAX_MEMORY = "8GiB"
@@ -23,9 +24,19 @@ DEFAULT_MAX_MEMORY = "8GiB"
 PARAM_TEXT = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def resolve_device(device: str) -> str:
+NO_CUDA = "--device cuda: no CUDA device is visible to torch here; use --device cpu or auto"
+
+
+def check_device(device: str) -> None:
+    """--device without torch: its name, and for cuda a GPU device node (no node: torch sees no GPU either)."""
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device {device}: expected auto, cpu or cuda")
+    if device == "cuda" and not cuda_device_node():
+        raise UsageError(NO_CUDA)
+
+
+def resolve_device(device: str) -> str:
+    check_device(device)
     if device == "cpu":
         return device
     import torch
@@ -33,7 +44,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is visible to torch here; use --device cpu or auto")
+        raise UsageError(NO_CUDA)
     return device
 
 
@@ -56,12 +67,14 @@ class Flags:
     ep_size: int
     params: dict
     writers: int | None
+    engine: str | None = None  # --engine: the engine the output must load in (serving.ENGINES key)
 
 
-def check_flags(target: str, *, ep_size: int, arch: str | None, max_memory: str | int, shard_size: str | int,
-                params: dict | None, resume: bool, overwrite: bool, writers: int | None) -> Flags:
+def check_flags(target: str | None, *, ep_size: int, arch: str | None, max_memory: str | int, shard_size: str | int,
+                params: dict | None, resume: bool, overwrite: bool, writers: int | None, device: str = "auto",
+                engine: str | None = None) -> Flags:
     """The flags that need neither torch nor SRC: checked before either is touched, so that a mistyped flag is
-    reported in a fraction of a second."""
+    reported in a fraction of a second. `target` None: --engine's default conversion, else bf16."""
     if resume and overwrite:
         raise UsageError("--resume and --overwrite: pass one of them, not both")
     if writers is not None and writers < 1:
@@ -74,7 +87,33 @@ def check_flags(target: str, *, ep_size: int, arch: str | None, max_memory: str 
                              "fimoe-convert targets lists each target's parameters")
     shard_bytes = parse_size(shard_size, "--shard-size")
     memory = MemoryBudget(parse_size(max_memory, "--max-memory"), str(max_memory))
-    return Flags(get_kernel(target), shard_bytes, memory, parse_arch(arch), ep_size, dict(params or {}), writers)
+    cap = parse_arch(arch)
+    if engine is not None:
+        from .serving import parse_engine
+
+        engine = parse_engine(engine)
+    kernel, params = _engine_target(target, engine, arch, dict(params or {}))
+    problems = check_params(kernel, params) + check_arch(kernel, cap)
+    if problems:
+        raise ValidationError(problems)
+    check_device(device)
+    return Flags(kernel, shard_bytes, memory, cap, ep_size, params, writers, engine)
+
+
+def _engine_target(target: str | None, engine: str | None, arch: str | None, params: dict) -> tuple[Kernel, dict]:
+    """(the target, its --param values): --target's, or without it --engine's default conversion (serving.py);
+    with --engine, one that engine loads (else a UsageError naming the flags and the fix)."""
+    if engine is None:
+        return get_kernel(target or "bf16"), params
+    from .serving import check_engine, engine_option
+
+    if target is None:
+        option = engine_option(engine, arch)
+        target, params = option.target, {**option.params, **params}
+    kernel = get_kernel(target)
+    if not check_params(kernel, params):  # a bad --param value: that error (check_flags), not the engine's
+        check_engine(engine, kernel, params)
+    return kernel, params
 
 
 @dataclass(frozen=True)

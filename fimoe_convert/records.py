@@ -507,6 +507,7 @@ class ConvertResult(Record):
     timings: dict = field(default_factory=dict)
     bytes_fetched: int | None = None  # --stream: bytes received from the Hub (re-reads included)
     upload: UploadResult | None = None  # --upload-repo: what `upload` returned
+    params: dict = field(default_factory=dict)  # the target's --param values (an --engine's included)
 
 
 @dataclass

@@ -285,3 +285,65 @@ def decision_table() -> str:
             cells.append(cell)
         rows.append(f"| {ROW_NAMES[cap]} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+# --engine on a conversion: the engines that load an output, and each engine's default conversion.
+def expert_scales(kernel, params: dict) -> str | None:
+    """The dtype of an fp8_block output's expert tile scales ("E8M0" or "F32"); None for other targets."""
+    if kernel.family != "fp8_block":
+        return None
+    return params.get("scale_dtype", kernel.params["scale_dtype"][0]).upper()
+
+
+def loading_engines(kernel, params: dict) -> tuple[str, ...]:
+    """The engines (ENGINES keys) that load an output of `kernel` with `params`: the facts `_advice` serves from."""
+    if kernel.kernel_name:  # a FlashInfer layout: no engine reads it as is
+        return ("flashinfer",)
+    if kernel.family == "fp8_block":  # vLLM reads E8M0-scaled FP8 experts as FP4; SGLang wants E8M0
+        return ("vllm", "transformers") if expert_scales(kernel, params) == "F32" else ("sglang", "transformers")
+    if params.get("dense") == "bf16":  # not vLLM's CUDA path, nor SGLang's FP8 dense linears
+        return ("transformers",)
+    return ("vllm", "sglang", "transformers")
+
+
+def engine_names(engines: tuple[str, ...]) -> str:
+    return ", ".join(ENGINES[e] for e in engines)
+
+
+def engine_option(engine: str, arch: str | None) -> Option:
+    """What `--engine` converts to without --target: the conversion `recommend` names for that engine."""
+    if engine == "vllm":
+        return _fp8_vllm()
+    if engine == "sglang":
+        return _fp8_sglang()
+    if engine == "transformers":
+        return _advice(engine, arch or "9.0")[2]  # FP8-block experts, or BF16 where --arch has no FP8 tensor cores
+    if arch is None:
+        raise UsageError("--engine flashinfer: which kernel layout depends on the serving GPU, and neither --target "
+                         "nor --arch was given; add --arch (e.g. 9.0) or --target NAME (fimoe-convert targets)")
+    option = _advice(engine, arch)[2]
+    if option.target is None:
+        raise UsageError(f"--engine flashinfer --arch {arch}: no FlashInfer MoE megakernel of the kernel table runs "
+                         f"on compute capability {arch}; use --engine vllm, sglang or transformers")
+    return option
+
+
+def check_engine(engine: str, kernel, params: dict) -> None:
+    """A UsageError naming the flags when the engine does not load an output of `kernel` with `params`."""
+    loads = loading_engines(kernel, params)
+    if engine in loads:
+        return
+    seen = f"--target {kernel.name}" + "".join(f" --param {k}={v}" for k, v in sorted(params.items()))
+    if kernel.family == "fp8_block" and engine == "vllm":
+        fix = "vLLM reads E8M0-scaled FP8 experts as FP4: use --param scale_dtype=f32 (or drop --target)"
+    elif kernel.family == "fp8_block" and engine == "sglang":
+        fix = "SGLang's FP8 experts take E8M0 scales: use --param scale_dtype=e8m0 (or drop --target)"
+    elif engine == "flashinfer":
+        fix = "FlashInfer's megakernels take a kernel layout: pick one for your GPU (fimoe-convert targets)"
+    elif kernel.kernel_name:
+        fix = (f"a FlashInfer kernel layout is loaded by fimoe_convert.runtime only, {ENGINES[engine]} preprocesses "
+               "the source at load instead: drop --target (or serve the release as it is)")
+    else:
+        fix = "drop --param dense=bf16 (or drop --target)"
+    raise UsageError(f"--engine {engine} with {seen}: this output loads in {engine_names(loads)}, not "
+                     f"{ENGINES[engine]}; {fix}")

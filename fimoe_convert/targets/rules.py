@@ -57,11 +57,7 @@ def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]
     if kernel.consumes == "fp4" and model.expert_dtype != "fp4":
         problems.append(f"--target {kernel.name}: consumes FP4 experts, but this checkpoint's experts are "
                         f"{model.expert_dtype.upper()} (expert_dtype {model.expert_dtype!r}); use --target bf16")
-    if opts.arch is not None and kernel.capabilities:
-        arch = f"{opts.arch[0]}.{opts.arch[1]}"
-        if arch not in kernel.capabilities:
-            problems.append(f"--arch {arch}: --target {kernel.name} runs on compute capability "
-                            f"{' or '.join(kernel.capabilities)}; pick a target for {arch} (fimoe-convert targets)")
+    problems += check_arch(kernel, opts.arch)
     if kernel.preprocess_needs_cuda and opts.device not in ("cuda", None):
         problems.append(f"--device {opts.device}: --target {kernel.name} preprocesses on a CUDA device only "
                         "(FlashInfer's function needs CUDA tensors); run on a GPU machine with --device cuda")
@@ -91,6 +87,17 @@ def validate(kernel: Kernel, model: ModelSpec, opts: TargetOptions) -> list[str]
         problems.append(f"--ep-size {n}: {kernel.name} runs on a power-of-two number of ranks up to "
                         f"{kernel.max_ep_size}")
     return problems + family(kernel).validate(kernel, model) + check_params(kernel, opts.params)
+
+
+def check_arch(kernel: Kernel, arch: tuple[int, int] | None) -> list[str]:
+    """--arch against the compute capabilities the kernel runs on."""
+    if arch is None or not kernel.capabilities:
+        return []
+    name = f"{arch[0]}.{arch[1]}"
+    if name in kernel.capabilities:
+        return []
+    return [f"--arch {name}: --target {kernel.name} runs on compute capability {' or '.join(kernel.capabilities)}; "
+            f"pick a target for {name} (fimoe-convert targets)"]
 
 
 def check_params(kernel: Kernel, params: dict) -> list[str]:
@@ -133,9 +140,14 @@ def device_capability() -> str:
     return f"{major}.{minor}"
 
 
+def cuda_device_node() -> bool:
+    """Whether a GPU device node exists (NVIDIA's, or WSL's); without one torch sees no CUDA device."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/dxg"))
+
+
 def cuda_visible() -> bool:
     """Whether torch sees a CUDA device; without importing torch (seconds) where no GPU device node exists."""
-    if "torch" not in sys.modules and not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/dxg")):
+    if "torch" not in sys.modules and not cuda_device_node():
         return False
     import torch
 

@@ -234,10 +234,10 @@ def leftovers(out: Path) -> list[str]:
 
 def check_out(src_dirs: list[Path], out: Path, resume: bool, overwrite: bool) -> list[str]:
     """Problems with OUT as the destination of a conversion of the checkpoint whose files lie in `src_dirs` (the
-    folder, and for a Hub snapshot the repo's cache folder). Folders are compared by device and inode, so that a
-    link or a bind mount to SRC is SRC."""
+    folder, and for a Hub snapshot the repo's cache folder; none: OUT alone). Folders are compared by device and
+    inode, so that a link or a bind mount to SRC is SRC."""
     problems = []
-    src = src_dirs[0]
+    src = src_dirs[0] if src_dirs else None  # none: SRC is not opened yet (a Hub repo), only OUT is judged
     out_ids = ancestor_ids(out)
     out_self = same_file_id(out)
     for d in src_dirs:
@@ -247,7 +247,7 @@ def check_out(src_dirs: list[Path], out: Path, resume: bool, overwrite: bool) ->
                             "mount); choose a folder outside the checkpoint (fimoe-convert never writes into its "
                             "input)")
             return problems  # OUT == SRC would also 'contain SRC' and 'not be empty': one line says it
-    if out_self is not None and out_self in ancestor_ids(src):
+    if src is not None and out_self is not None and out_self in ancestor_ids(src):
         problems.append(f"OUT {out}: contains SRC {src}; choose an empty folder elsewhere")
     parent = out.resolve() if out.exists() else out.resolve().parent
     while not parent.exists():
