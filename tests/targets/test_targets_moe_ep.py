@@ -91,10 +91,15 @@ def test_validation_names_the_flag(tiny_ckpt, tmp_path, target, opts, match):
 
 
 def test_alias_resolves_and_all_problems_at_once(tiny_ckpt, tmp_path):
+    """The flags' problems together, before SRC is opened (the alias resolved in each); SRC's (an --ep-size that does
+    not divide its experts) together once it is."""
+    with pytest.raises(ValidationError, match=r"^2 problems:\n  - --param nope=1: sm100_fp8_fp4_bf16_deepgemm takes "
+                       r"no parameters\n  - --arch 9\.0: --target sm100_fp8_fp4_bf16_deepgemm runs on compute "
+                       r"capability 10\.0 or 10\.3"):
+        convert(str(tiny_ckpt), str(tmp_path / "out"), "deep_gemm_mega", ep_size=3, arch="9.0", params={"nope": "1"})
     with pytest.raises(ValidationError) as e:
-        convert(str(tiny_ckpt), str(tmp_path / "out"), "deep_gemm_mega", ep_size=3, arch="9.0")
-    text = str(e.value)
-    assert "--ep-size 3" in text and "--arch 9.0: --target sm100_fp8_fp4_bf16_deepgemm" in text
+        convert(str(tiny_ckpt), str(tmp_path / "out"), "deep_gemm_mega", ep_size=3, arch="10.0")
+    assert "--ep-size 3" in str(e.value) and "sm100_fp8_fp4_bf16_deepgemm" in str(e.value)
 
 
 def test_deepgemm_is_refused_up_front_naming_the_package_and_the_gpu(tiny_ckpt, tmp_path):
