@@ -436,7 +436,8 @@ def recommend_cmd(engine, gpu, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 def verify_cmd(out, deep, src, revision, as_json):
     """Check every file of OUT, a folder or a Hub repo id (ORG/NAME), against its manifest (exit 1 naming the first
-    bad file). A repo is checked by the Hub's sha256 of each file and its shards' headers: no shard is downloaded."""
+    bad file). A repo is checked by the Hub's sha256 of each file and its shards' headers: no shard is downloaded.
+    With --deep, a repo's sampled units are re-derived from its Hub source, both read by range."""
     with console.signals_deferred():  # torch is imported here
         from .verification import verify
 
@@ -451,6 +452,12 @@ def verify_cmd(out, deep, src, revision, as_json):
         else:
             click.echo(f"error: {one_line(r.problems[0])}", err=True)
         sys.exit(1)
+    if r.source:  # verify ORG/NAME --deep: what was compared, and how
+        _emit(r, as_json, f"ok: {plural(r.deep_checked, 'unit')} re-derived from {r.source}, byte-identical, and "
+              f"{plural(r.copies_checked or 0, 'copied tensor')}; {plural(r.files, 'file')}' sha256 "
+              f"({human(r.bytes)}) match the manifest, from the Hub's records; the {human(r.range_bytes or 0)} "
+              "read by range were compared, not hashed whole")
+        return
     _emit(r, as_json, f"ok: {plural(r.files, 'file')}, {human(r.bytes)} match the manifest"
           + (f"; {plural(r.deep_checked, 'unit')} re-derived from the source match" if deep else ""))
 

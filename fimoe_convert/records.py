@@ -520,6 +520,11 @@ class VerifyResult(Record):
     deep_checked: int = 0
     repo_id: str | None = field(default=None, metadata=OMIT_NONE)  # a published output's (verify ORG/NAME)
     revision: str | None = field(default=None, metadata=OMIT_NONE)  # ... and the commit checked
+    # verify ORG/NAME --deep: the Hub source re-derived from (repo@commit), the non-expert tensors compared with
+    # its bytes, and the bytes both repos sent by range (compared, never hashed whole)
+    source: str | None = field(default=None, metadata=OMIT_NONE)
+    copies_checked: int | None = field(default=None, metadata=OMIT_NONE)
+    range_bytes: int | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def ok(self) -> bool:

@@ -3,6 +3,8 @@ source and compared bit for bit."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import torch
@@ -12,9 +14,10 @@ from .files.names import INDEX_NAME, MANIFEST_NAME
 from .files.output.folder import output_tensor_facts, path_kind, read_out_index, read_output_tensors, verify_files
 from .files.output.manifest import read_manifest
 from .files.output.space import stray_single_file
-from .files.sources.hub import is_repo_id
+from .files.safetensors.header import as_typed
+from .files.sources.hub import describing_files, is_repo_id
 from .files.sources.local import Source, open_source
-from .files.sources.published import verify_published
+from .files.sources.published import RangedTensors, files_against_hub, hub_files, verify_published
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
@@ -31,12 +34,16 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     for bit. `out` may be a Hub repo id (ORG/NAME, no such folder here; `revision`): its files are checked against
     its manifest by the Hub's LFS sha256 and its shards' headers, read by range, with no download of the shards."""
     if path_kind(out) == "missing" and is_repo_id(out):
-        if deep:
-            raise UsageError(f"verify {out} --deep: re-deriving units of a published conversion needs its files; "
-                             f"`hf download {out} --local-dir OUT`, then `fimoe-convert verify OUT --deep`")
-        res, manifest, facts = verify_published(out, revision, progress)
+        if src is not None and deep:
+            raise UsageError(f"--src {src}: verify {out} --deep re-derives from the Hub source its manifest "
+                             f"records; to use another copy, `hf download {out} --local-dir OUT`, then "
+                             "`fimoe-convert verify OUT --deep --src SRC`")
+        res, manifest, facts, headers = verify_published(out, revision, progress,
+                                                         (lambda m: hub_source(out, m)) if deep else None)
         if not res.problems:
             res.problems.extend(structure_problems(Path(f"{out}@{res.revision}"), manifest, facts))
+        if deep and not res.problems:  # the manifest is trusted from here on: its names, sizes and counts were checked
+            _deep_published(res, manifest, headers, samples)
         return res
     if revision is not None:
         raise UsageError(f"--revision {revision}: only for a Hub repo id; {out!r} is a local folder")
@@ -61,39 +68,51 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
                                    allow_lossy=o.allow_lossy, params=dict(o.params))
     converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
     units = converter.all_units(source.non_expert_tensors())
-    layout = layout_problem(out_dir, planned_tensors(source.non_expert_tensors(), units), o.shard_size)
+    layout = layout_problem(out_dir / INDEX_NAME, planned_tensors(source.non_expert_tensors(), units), o.shard_size)
     if layout:  # the set of tensors and their shards, re-derived from SRC: a shard dropped with its records is seen
         res.problems.append(layout)
         return res
     rows = piece_rows(units)  # a unit may write only some rows of a tensor
-    step = max(1, len(units) // samples)
-    for unit in units[::step][:samples]:
+    for unit in stride_sample(units, samples):
         want = converter.run(unit, {n: source.read(n) for n in unit.inputs})
         got = read_output_tensors(out_dir, list(want))
-        for name, w in want.items():
-            lo, hi = rows[(unit.key, name)]
-            g = got[name] if (lo, hi) == (0, got[name].shape[0]) else got[name][lo:hi]
-            same = torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8))
-            if g.shape != w.shape or not same:
-                res.problems.append(f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; "
-                                    "the output is damaged, convert again with --overwrite")
+        res.problems += [f"{out_dir}: tensor {name!r} differs from a fresh conversion of the source; the output is "
+                         "damaged, convert again with --overwrite" for name in differing(unit, want, got, rows)]
         res.deep_checked += 1
         if res.problems:
             break
     return res
 
 
-def layout_problem(out_dir: Path, tensors: list, shard_size: int) -> str | None:
-    """The index's {tensor: shard} against what a conversion of the source with the manifest's options writes."""
+def stride_sample(units: list, samples: int) -> list:
+    """`samples` units spread evenly over `units`, from the first (--deep's sample)."""
+    return units[::max(1, len(units) // samples)][:samples]
+
+
+def differing(unit, want: dict, got: dict, rows: dict) -> list[str]:
+    """The names of `unit`'s outputs whose stored bytes (`got`: the whole stored tensors) are not those of a fresh
+    conversion (`want`: the unit's rows of each), shape included."""
+    bad = []
+    for name, w in want.items():
+        lo, hi = rows[(unit.key, name)]
+        g = got[name] if (lo, hi) == (0, got[name].shape[0]) else got[name][lo:hi]
+        if g.shape != w.shape or not torch.equal(g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)):
+            bad.append(name)
+    return bad
+
+
+def layout_problem(index: Path, tensors: list, shard_size: int, where: str | None = None) -> str | None:
+    """The index's {tensor: shard} against what a conversion of the source with the manifest's options writes.
+    `where`: how the index is named (default: its path)."""
     want = {t.name: shard.filename for shard in plan_shards(tensors, shard_size) for t in shard.tensors}
-    have = read_out_index(out_dir / INDEX_NAME)[0]
+    have = read_out_index(index)[0]
     if have == want:
         return None
     missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
     moved = sorted(n for n in set(want) & set(have) if want[n] != have[n])
     said = "; ".join(f"{what} {len(names)}, e.g. {names[0]!r}" for what, names in
                      (("missing", missing), ("not of this conversion", extra), ("in another shard", moved)) if names)
-    return (f"{out_dir / INDEX_NAME}: holds {len(have)} tensors, a conversion of the source with the manifest's "
+    return (f"{where or index}: holds {len(have)} tensors, a conversion of the source with the manifest's "
             f"options gives {len(want)} ({said}); {OUT_DAMAGED_HINT}")
 
 
@@ -157,3 +176,121 @@ def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
                          + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
                          + "); pass the original with --src PATH")
     return source
+
+
+def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, samples: int) -> None:
+    """`verify ORG/NAME --deep`, after the shallow checks passed: the Hub source the manifest records (its files'
+    sizes and sha256 against the manifest's record of them, from the Hub's), the index re-derived from it, then a
+    sample of units re-run on the CPU from source tensors read by range and compared byte for byte with the output
+    tensors read by range, and the sampled blocks' copied tensors compared with the source's. Problems go to `res`."""
+    out_where = f"{res.repo_id}@{res.revision}"
+    rec = manifest.source
+    repo_id, commit = hub_source(res.repo_id, manifest)
+    src_where = f"{repo_id}@{commit}"
+    try:
+        listed = hub_files(repo_id, commit)
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's HTTP and transport errors, one line each
+        raise InputError(f"{src_where}: the source {out_where}'s manifest records cannot be listed on the Hub "
+                         f"({e.__class__.__name__}); check the network, and log in (`hf auth login`) if the source "
+                         "is gated") from None
+    damaged = (f"the source on the Hub is not the one {out_where}'s manifest records: do not load {out_where}; "
+               "convert the source again and publish that")
+    res.problems += files_against_hub(repo_id, commit, rec.files, listed, differs=damaged)
+    if res.problems:
+        return
+    source = open_source(repo_id, revision=commit, weights=False)  # config, index and headers: validated
+    o = manifest.options
+    target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
+                                   allow_lossy=o.allow_lossy, params=dict(o.params))
+    converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
+    tensors = source.non_expert_tensors()
+    units = converter.all_units(tensors)
+    planned = planned_tensors(tensors, units)
+    index = describing_files(res.repo_id, res.revision) / INDEX_NAME  # fetched by the shallow check
+    layout = layout_problem(index, planned, o.shard_size, f"{out_where}/{INDEX_NAME}")
+    if layout:
+        res.problems.append(layout)
+        return
+    from_source = RangedTensors(repo_id, commit, {rel: source.headers[rel] for rel in source.remote})
+    from_output = RangedTensors(res.repo_id, res.revision, headers)
+
+    def source_raw(name: str):  # a shard of the source already in the local cache is read there
+        return from_source.read_raw(name) if not source.is_local(name) else source.read_raw(name)
+
+    def typed(name: str):
+        info = source.info(name)
+        return as_typed(source_raw(name), info.dtype, info.shape)
+
+    res.source, res.copies_checked = src_where, 0
+    rows = piece_rows(units)
+    chosen = hub_sample(units, samples, source.model)
+    for unit in chosen:
+        want = converter.run(unit, {n: typed(n) for n in unit.inputs})
+        got = {n: from_output.read(n, rows[(unit.key, n)]) for n in want}
+        bad = differing(unit, want, got, {(unit.key, n): (0, got[n].shape[0]) for n in want})
+        res.problems += [_differs(from_output, name, f"unit {unit.key!r} re-derived from {src_where}",
+                                  got[name], want[name]) for name in bad]
+        res.deep_checked += 1
+        if res.problems:
+            break
+    blocks = sorted({u.block for u in chosen})
+    copies = [t.name for t in planned if not t.producers]
+    for name in (_ends([n for n in copies if n.startswith(block + ".")] for block in blocks) if not res.problems
+                 else []):
+        want, got = source_raw(name), from_output.read_raw(name)
+        have, info = from_output.info(name), source.info(name)
+        if (have.dtype, have.shape) != (info.dtype, info.shape) or not torch.equal(got, want):
+            res.problems.append(_differs(from_output, name, f"the copy of {src_where}'s tensor", got, want))
+            break
+        res.copies_checked += 1
+    res.range_bytes = from_source.read_bytes + from_output.read_bytes
+
+
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+def hub_source(out: str, manifest: Manifest) -> tuple[str, str]:
+    """(repo id, commit) of the source `manifest` records: `verify ORG/NAME --deep` re-derives from a Hub source
+    pinned to a commit, and refuses any other in one line."""
+    rec = manifest.source
+    if not (rec.repo_id and is_repo_id(rec.repo_id) and rec.revision and COMMIT_RE.fullmatch(rec.revision)):
+        raise UsageError(f"verify {out} --deep: needs a Hub source pinned to a commit, and the manifest records the "
+                         f"source as {rec.spec[:120]!r}; `hf download {out} --local-dir OUT`, then "
+                         "`fimoe-convert verify OUT --deep --src SRC` with that source's folder")
+    return rec.repo_id, rec.revision
+
+
+def hub_sample(units: list, samples: int, model) -> list:
+    """The units `verify ORG/NAME --deep` re-derives, in plan order: the local --deep's `samples` (stride_sample),
+    and the first and last unit of each EP rank and of each kind of block (hash-routed layers, layers, MTP blocks,
+    rewritten non-expert tensors), where a damaged conversion most often shows (a range's ends)."""
+    def kind(u) -> str:
+        if u.dense:
+            return "dense"
+        head, _, idx = u.block.partition(".")
+        return "mtp" if head == "mtp" else "hash" if idx.isdigit() and int(idx) < model.num_hash_layers else "layers"
+
+    chosen = {id(u) for u in stride_sample(units, samples)}
+    groups: dict[tuple, list] = {}
+    for u in units:
+        groups.setdefault(("rank", u.rank), []).append(u)
+        groups.setdefault(("kind", kind(u)), []).append(u)
+    for group in groups.values():
+        chosen |= {id(group[0]), id(group[-1])}
+    return [u for u in units if id(u) in chosen]
+
+
+def _ends(groups) -> list[str]:
+    """The first and last name of each group (once each)."""
+    return list(dict.fromkeys(n for names in groups for n in names[:1] + names[-1:]))
+
+
+def _differs(output, name: str, what: str, got, want) -> str:
+    """The line for a published tensor whose bytes are not `want`'s: repo, file, tensor, both hashes, next step."""
+    def digest(t) -> str:
+        return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+    return (f"{output.repo_id}@{output.commit}/{output.where[name]}: tensor {name!r} differs from {what} (its bytes' "
+            f"sha256 {digest(got)}..., {tuple(got.shape)}; expected {digest(want)}..., {tuple(want.shape)}); the "
+            "published output is not an exact conversion of its source: do not load it; convert again and publish "
+            "with `fimoe-convert upload`")

@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 
 from ...errors import InputError
-from ...records import SCHEMA, Manifest, VerifyResult
+from ...records import SCHEMA, FileRecord, Manifest, VerifyResult
 from ..hashing import sha256_file
 from ..jsonfile import read_json
 from ..names import INDEX_NAME, MANIFEST_NAME
 from ..paths import plain_relative
+from ..safetensors.header import Header, TensorInfo, as_typed
+from .http_range import read_range
 from .hub import describing_files, remote_headers
 
 SMALL_FILE_BYTES = 64 * 2**20  # a file the Hub keeps outside LFS is at most 10 MB; larger ones are not fetched
@@ -20,9 +22,7 @@ SMALL_FILE_BYTES = 64 * 2**20  # a file the Hub keeps outside LFS is at most 10 
 
 def published(repo_id: str, revision: str | None = None) -> tuple[str, Manifest, dict[str, dict]]:
     """(the commit, its manifest, {path: {"size", "sha256" (the LFS oid, or None)}} of the repo's files)."""
-    from huggingface_hub import HfApi
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-    from huggingface_hub.hf_api import RepoFile
 
     try:
         snapshot = describing_files(repo_id, revision)
@@ -42,21 +42,30 @@ def published(repo_id: str, revision: str | None = None) -> tuple[str, Manifest,
         raise InputError(f"{repo_id}@{commit}/{MANIFEST_NAME}: schema is {str(seen)[:60]!r}, expected {SCHEMA!r}; "
                          "check it with the fimoe-convert version that wrote it")
     manifest = Manifest.from_json(data, f"{repo_id}@{commit}/{MANIFEST_NAME}", fix)
+    return commit, manifest, hub_files(repo_id, commit)
+
+
+def hub_files(repo_id: str, commit: str) -> dict[str, dict]:
+    """{path: {"size", "sha256" (the LFS oid, or None: kept in git)}} of the repo's files at `commit`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
     files = {}
     for entry in HfApi().list_repo_tree(repo_id, revision=commit, recursive=True):
         if isinstance(entry, RepoFile):
             files[entry.path] = {"size": entry.size, "sha256": entry.lfs.sha256 if entry.lfs else None}
-    return commit, manifest, files
+    return files
 
 
-def verify_published(repo_id: str, revision: str | None = None,
-                     progress=None) -> tuple[VerifyResult, Manifest, tuple | None]:
+def verify_published(repo_id: str, revision: str | None = None, progress=None,
+                     before=None) -> tuple[VerifyResult, Manifest, tuple | None, dict[str, Header]]:
     """(verify's record, with repo_id and revision; the manifest; what the shard headers say as
-    folder.output_tensor_facts does, None when they were not reached) for `repo_id` on the Hub; the shards' bytes are
-    never downloaded: their LFS sha256 is the Hub's."""
-    import huggingface_hub
-
-    commit, manifest, hub_files = published(repo_id, revision)
+    folder.output_tensor_facts does, None when they were not reached; the shard headers, read by range) for
+    `repo_id` on the Hub; the shards' bytes are never downloaded: their LFS sha256 is the Hub's. `before(manifest)`
+    runs once the manifest is read (strictly), before any file is checked: a refusal it raises comes at once."""
+    commit, manifest, files = published(repo_id, revision)
+    if before is not None:
+        before(manifest)
     where = f"{repo_id}@{commit}"
     problems: list[str] = []
     if manifest.complete is not True:
@@ -64,10 +73,31 @@ def verify_published(repo_id: str, revision: str | None = None,
     shards = sorted(rel for rel in manifest.files if rel.endswith(".safetensors"))
     if not shards or INDEX_NAME not in manifest.files:
         problems.append(f"{where}/{MANIFEST_NAME}: lists no index or no shards; a complete conversion lists both")
+    problems += files_against_hub(repo_id, commit, manifest.files, files, progress,
+                                  "the published file is not the one the manifest records")
+    facts, headers = None, {}
+    if not problems:
+        found, headers = _index_against_headers(repo_id, commit, shards)
+        problems += found
+        facts = _facts(headers) if not found else None
     total = sum(rec.size for rec in manifest.files.values())
+    return (VerifyResult(len(manifest.files), total, problems, repo_id=repo_id, revision=commit), manifest, facts,
+            headers)
+
+
+def files_against_hub(repo_id: str, commit: str, records: dict[str, FileRecord], files: dict[str, dict],
+                      progress=None, differs: str = "") -> list[str]:
+    """Problems of `records` ({path: size and sha256}, a manifest's) against the repo's `files` (hub_files): the
+    size and the Hub's LFS sha256 of each; a file kept in git (small) is fetched and hashed here. `differs`: what a
+    sha256 that differs means, said after it."""
+    import huggingface_hub
+
+    where = f"{repo_id}@{commit}"
+    problems: list[str] = []
+    total = sum(rec.size for rec in records.values())
     done = 0
-    for rel, rec in sorted(manifest.files.items()):
-        have = hub_files.get(rel) if plain_relative(rel) else None
+    for rel, rec in sorted(records.items()):
+        have = files.get(rel) if plain_relative(rel) else None
         if have is None:
             problems.append(f"{where}: {rel!r} is listed in the manifest but not in the repo")
             continue
@@ -82,27 +112,23 @@ def verify_published(repo_id: str, revision: str | None = None,
             problems.append(f"{where}/{rel}: {rec.size} bytes outside LFS, no sha256 known to the Hub; not checked")
         elif got != rec.sha256:
             problems.append(f"{where}/{rel}: sha256 {got[:16]}... on the Hub, manifest says {str(rec.sha256)[:16]}...; "
-                            "the published file is not the one the manifest records")
+                            + differs)
         done += rec.size
         if progress:
             progress(done, total)
-    facts = None
-    if not problems:
-        found, facts = _index_against_headers(repo_id, commit, shards)
-        problems += found
-    return VerifyResult(len(manifest.files), total, problems, repo_id=repo_id, revision=commit), manifest, facts
+    return problems
 
 
-def _index_against_headers(repo_id: str, commit: str, shards: list[str]) -> tuple[list[str], tuple | None]:
-    """(problems of the published index against the headers of the published shards, each read by range; what the
-    headers say)."""
+def _index_against_headers(repo_id: str, commit: str, shards: list[str]) -> tuple[list[str], dict[str, Header]]:
+    """(problems of the published index against the headers of the published shards, each read by range; the
+    headers)."""
     from ..output.folder import read_out_index
 
     snapshot = describing_files(repo_id, commit)
     weight_map, index_total = read_out_index(snapshot / INDEX_NAME)
     headers, problems = remote_headers(repo_id, commit, shards)
     if problems:
-        return problems, None
+        return problems, {}
     held = {name: rel for rel in shards for name in headers[rel].tensors}
     total = sum(info.nbytes for rel in shards for info in headers[rel].tensors.values())
     where = f"{repo_id}@{commit}/{INDEX_NAME}"
@@ -111,7 +137,7 @@ def _index_against_headers(repo_id: str, commit: str, shards: list[str]) -> tupl
         problems.append(f"{where}: weight_map disagrees with the shard headers, e.g. {diff[:2]}")
     if index_total != total:
         problems.append(f"{where}: metadata.total_size is {index_total}, the shards hold {total} tensor bytes")
-    return problems, _facts(headers)
+    return problems, headers
 
 
 
@@ -125,3 +151,48 @@ def _facts(headers: dict) -> tuple[dict[str, int], dict[str, str], dict[str, tup
             nbytes[n], dtypes[n], shards[n] = info.nbytes, DTYPES[info.dtype][1], (rel, total)
     return nbytes, dtypes, shards
 
+
+
+class RangedTensors:
+    """Tensors of a repo's safetensors files at one commit, each read by one ranged request from the offsets its
+    validated header gives: the file is never fetched whole, so these bytes are not hashed (the file's sha256 needs
+    all of it); `read_bytes` counts what was read."""
+
+    def __init__(self, repo_id: str, commit: str, headers: dict[str, Header]):
+        self.repo_id, self.commit, self.headers = repo_id, commit, headers
+        self.where = {name: rel for rel, header in headers.items() for name in header.tensors}
+        self.read_bytes = 0
+
+    def info(self, name: str) -> TensorInfo:
+        return self.headers[self.where[name]].tensors[name]
+
+    def read_raw(self, name: str, first: int = 0, end: int | None = None):
+        """Bytes [first, end) of tensor `name` (uint8, CPU; default: all of it)."""
+        import torch
+        from huggingface_hub import hf_hub_url
+
+        rel, info = self.where[name], self.info(name)
+        end = info.nbytes if end is None else end
+        buf = torch.empty(end - first, dtype=torch.uint8)
+        view = memoryview(buf.numpy()).cast("B")
+        got = 0
+
+        def sink(chunk: memoryview) -> None:
+            nonlocal got
+            view[got:got + len(chunk)] = chunk
+            got += len(chunk)
+
+        if end > first:
+            read_range(hf_hub_url(self.repo_id, rel, revision=self.commit), info.start + first, info.start + end,
+                       sink, where=f"{self.repo_id}@{self.commit}/{rel}: tensor {name!r}")
+        self.read_bytes += got
+        return buf
+
+    def read(self, name: str, rows: tuple[int, int] | None = None):
+        """Tensor `name` with its stored dtype and shape (CPU); `rows`: only rows [lo, hi) of its first dimension."""
+        info = self.info(name)
+        if rows is None or not info.shape:
+            return as_typed(self.read_raw(name), info.dtype, info.shape)
+        per_row = info.nbytes // info.shape[0]
+        lo, hi = rows
+        return as_typed(self.read_raw(name, lo * per_row, hi * per_row), info.dtype, (hi - lo, *info.shape[1:]))
