@@ -214,19 +214,20 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
     from_source = RangedTensors(repo_id, commit, {rel: source.headers[rel] for rel in source.remote})
     from_output = RangedTensors(res.repo_id, res.revision, headers)
 
-    def source_raw(name: str):  # a shard of the source already in the local cache is read there
-        return from_source.read_raw(name) if not source.is_local(name) else source.read_raw(name)
+    def source_raw(names: list[str]) -> dict:  # a shard of the source already in the local cache is read there
+        remote = [n for n in names if not source.is_local(n)]
+        got = dict(zip(remote, from_source.read_parts([(n, 0, None) for n in remote]), strict=True))
+        return {n: got[n] if n in got else source.read_raw(n) for n in names}
 
-    def typed(name: str):
-        info = source.info(name)
-        return as_typed(source_raw(name), info.dtype, info.shape)
+    def typed(names) -> dict:
+        return {n: as_typed(raw, source.info(n).dtype, source.info(n).shape) for n, raw in source_raw(names).items()}
 
     res.source, res.copies_checked = src_where, 0
     rows = piece_rows(units)
     chosen = hub_sample(units, samples, source.model)
     for unit in chosen:
-        want = converter.run(unit, {n: typed(n) for n in unit.inputs})
-        got = {n: from_output.read(n, rows[(unit.key, n)]) for n in want}
+        want = converter.run(unit, typed(list(unit.inputs)))
+        got = from_output.read_typed([(n, rows[(unit.key, n)]) for n in want])
         bad = differing(unit, want, got, {(unit.key, n): (0, got[n].shape[0]) for n in want})
         res.problems += [_differs(from_output, name, f"unit {unit.key!r} re-derived from {src_where}",
                                   got[name], want[name]) for name in bad]
@@ -235,12 +236,14 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
             break
     blocks = sorted({u.block for u in chosen})
     copies = [t.name for t in planned if not t.producers]
-    for name in (_ends([n for n in copies if n.startswith(block + ".")] for block in blocks) if not res.problems
-                 else []):
-        want, got = source_raw(name), from_output.read_raw(name)
+    picked = _ends([n for n in copies if n.startswith(block + ".")] for block in blocks) if not res.problems else []
+    wants = source_raw(picked)
+    gots = dict(zip(picked, from_output.read_parts([(n, 0, None) for n in picked]), strict=True))
+    for name in picked:
         have, info = from_output.info(name), source.info(name)
-        if (have.dtype, have.shape) != (info.dtype, info.shape) or not torch.equal(got, want):
-            res.problems.append(_differs(from_output, name, f"the copy of {src_where}'s tensor", got, want))
+        if (have.dtype, have.shape) != (info.dtype, info.shape) or not torch.equal(gots[name], wants[name]):
+            res.problems.append(_differs(from_output, name, f"the copy of {src_where}'s tensor", gots[name],
+                                         wants[name]))
             break
         res.copies_checked += 1
     res.range_bytes = from_source.read_bytes + from_output.read_bytes

@@ -135,6 +135,8 @@ def test_deep_verify_of_a_published_conversion_reads_no_whole_shard(serve, targe
         if target == "bf16":  # headers included; the kernel target's toy output has 16 units, most of them sampled
             assert sum(s["sent"] for s in shards.values()) < sum(s["size"] for s in shards.values()), shards
     assert r.range_bytes == sum(s["ranged"] for hub in (hubs.out, hubs.src) for s in shard_bytes(hub).values())
+    if target == KERNEL:
+        return  # the line below is the same for every target
     res = CliRunner().invoke(main, ["verify", PUBLISHED, "--deep"])
     assert res.exit_code == 0, res.output
     assert re.search(rf"\nok: {r.deep_checked} units re-derived from {HUB_REPO}@{HUB_COMMIT}, byte-identical, and "

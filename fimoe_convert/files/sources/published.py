@@ -153,10 +153,15 @@ def _facts(headers: dict) -> tuple[dict[str, int], dict[str, str], dict[str, tup
 
 
 
+RANGE_THREADS = 8  # ranged requests at once: each waits a round trip far longer than it transfers (tensors of MBs)
+WAIT_STEP_S = 0.5  # the main thread wakes this often while ranges are read: a signal is handled at once
+
+
 class RangedTensors:
-    """Tensors of a repo's safetensors files at one commit, each read by one ranged request from the offsets its
-    validated header gives: the file is never fetched whole, so these bytes are not hashed (the file's sha256 needs
-    all of it); `read_bytes` counts what was read."""
+    """Tensors of a repo's safetensors files at one commit, read by ranged requests at the offsets their validated
+    headers give: no file is fetched whole, so these bytes are not hashed (a file's sha256 needs all of it); they
+    are compared. Tensors that lie back to back in a file are read by one request. `read_bytes` counts what was
+    read."""
 
     def __init__(self, repo_id: str, commit: str, headers: dict[str, Header]):
         self.repo_id, self.commit, self.headers = repo_id, commit, headers
@@ -168,31 +173,107 @@ class RangedTensors:
 
     def read_raw(self, name: str, first: int = 0, end: int | None = None):
         """Bytes [first, end) of tensor `name` (uint8, CPU; default: all of it)."""
-        import torch
-        from huggingface_hub import hf_hub_url
-
-        rel, info = self.where[name], self.info(name)
-        end = info.nbytes if end is None else end
-        buf = torch.empty(end - first, dtype=torch.uint8)
-        view = memoryview(buf.numpy()).cast("B")
-        got = 0
-
-        def sink(chunk: memoryview) -> None:
-            nonlocal got
-            view[got:got + len(chunk)] = chunk
-            got += len(chunk)
-
-        if end > first:
-            read_range(hf_hub_url(self.repo_id, rel, revision=self.commit), info.start + first, info.start + end,
-                       sink, where=f"{self.repo_id}@{self.commit}/{rel}: tensor {name!r}")
-        self.read_bytes += got
-        return buf
+        return self.read_parts([(name, first, end)])[0]
 
     def read(self, name: str, rows: tuple[int, int] | None = None):
         """Tensor `name` with its stored dtype and shape (CPU); `rows`: only rows [lo, hi) of its first dimension."""
-        info = self.info(name)
-        if rows is None or not info.shape:
-            return as_typed(self.read_raw(name), info.dtype, info.shape)
-        per_row = info.nbytes // info.shape[0]
-        lo, hi = rows
-        return as_typed(self.read_raw(name, lo * per_row, hi * per_row), info.dtype, (hi - lo, *info.shape[1:]))
+        return self.read_typed([(name, rows)])[name]
+
+    def read_typed(self, wanted: list[tuple[str, tuple[int, int] | None]]) -> dict:
+        """{name: the tensor with its stored dtype and shape (CPU), only rows [lo, hi) of its first dimension where
+        given} for each (name, rows) of `wanted`, read together."""
+        parts, shapes = [], []
+        for name, rows in wanted:
+            info = self.info(name)
+            if rows is None or not info.shape:
+                parts.append((name, 0, None))
+                shapes.append(info.shape)
+            else:
+                per_row = info.nbytes // info.shape[0]
+                parts.append((name, rows[0] * per_row, rows[1] * per_row))
+                shapes.append((rows[1] - rows[0], *info.shape[1:]))
+        raws = self.read_parts(parts)
+        return {name: as_typed(raw, self.info(name).dtype, shape)
+                for (name, _), raw, shape in zip(wanted, raws, shapes, strict=True)}
+
+    def read_parts(self, parts: list[tuple[str, int, int | None]]) -> list:
+        """For each (tensor, first, end) of `parts`, its bytes [first, end) (end None: to its end) as uint8 CPU
+        tensors; parts that lie back to back in one file come from one request, up to RANGE_THREADS at once."""
+        import torch
+        from huggingface_hub import hf_hub_url
+
+        spans: list[list] = []  # [file, start, end, [(part index, offset in the span, bytes)]]
+        placed = []
+        for i, (name, first, end) in enumerate(parts):
+            info = self.info(name)
+            end = info.nbytes if end is None else end
+            placed.append((self.where[name], info.start + first, info.start + end, i, name))
+        for rel, start, end, i, name in sorted(placed):
+            if spans and spans[-1][0] == rel and spans[-1][2] == start:
+                spans[-1][2] = end
+            else:
+                spans.append([rel, start, end, []])
+            spans[-1][3].append((i, start - spans[-1][1], end - start, name))
+
+        def fetch(k: int):
+            rel, start, end, _ = spans[k]
+            buf = torch.empty(end - start, dtype=torch.uint8)
+            view = memoryview(buf.numpy()).cast("B")
+            got = 0
+
+            def sink(chunk: memoryview) -> None:
+                nonlocal got
+                view[got:got + len(chunk)] = chunk
+                got += len(chunk)
+
+            if end > start:
+                names = [name for *_, name in spans[k][3]]
+                said = repr(names[0]) + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+                read_range(hf_hub_url(self.repo_id, rel, revision=self.commit), start, end, sink,
+                           where=f"{self.repo_id}@{self.commit}/{rel}: tensor {said}")
+            return buf
+
+        bufs = _on_daemon_threads(fetch, list(range(len(spans))), RANGE_THREADS)
+        out: list = [None] * len(parts)
+        for k, (_, start, end, members) in enumerate(spans):
+            self.read_bytes += end - start
+            for i, offset, n, _ in members:
+                out[i] = bufs[k][offset:offset + n]
+        return out
+
+
+def _on_daemon_threads(fn, items: list, threads: int) -> dict:
+    """{item: fn(item)} on daemon threads, which a Ctrl-C or SIGTERM does not wait for (a stuck request would hold
+    the process); the main thread wakes every WAIT_STEP_S, so its signal handler runs at once. fn's first error is
+    raised here."""
+    import queue
+    import threading
+
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for item in items:
+        todo.put(item)
+
+    def work() -> None:
+        while True:
+            try:
+                item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((item, fn(item), None))
+            except BaseException as e:  # noqa: BLE001 - raised again in the main thread, which would wait forever
+                done.put((item, None, e))
+
+    for _ in range(min(threads, len(items))):
+        threading.Thread(target=work, daemon=True, name="fimoe-ranged-read").start()
+    results: dict = {}
+    while len(results) < len(items):
+        try:
+            item, value, error = done.get(timeout=WAIT_STEP_S)
+        except queue.Empty:
+            continue
+        if error is not None:
+            raise error
+        results[item] = value
+    return results
