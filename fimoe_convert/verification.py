@@ -199,6 +199,11 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
     if res.problems:
         return
     source = open_source(repo_id, revision=commit, weights=False)  # config, index and headers: validated
+    unrecorded = sorted(set(source.headers) - set(rec.files))
+    if unrecorded:  # a shard the output may hold bytes of, with no sha256 to tie it to the conversion
+        res.problems.append(f"{out_where}/{MANIFEST_NAME}: records no size and sha256 of {len(unrecorded)} shards "
+                            f"of {src_where}, e.g. {unrecorded[0]!r}; {OUT_DAMAGED_HINT}")
+        return
     o = manifest.options
     target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
                                    allow_lossy=o.allow_lossy, params=dict(o.params))
@@ -224,11 +229,13 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
 
     res.source, res.copies_checked = src_where, 0
     rows = piece_rows(units)
+    dtypes = {t.name: t.dtype for t in planned}
     chosen = hub_sample(units, samples, source.model)
     for unit in chosen:
         want = converter.run(unit, typed(list(unit.inputs)))
         got = from_output.read_typed([(n, rows[(unit.key, n)]) for n in want])
         bad = differing(unit, want, got, {(unit.key, n): (0, got[n].shape[0]) for n in want})
+        bad += [n for n in want if n not in bad and from_output.info(n).dtype != dtypes[n]]  # same bytes, read as other
         res.problems += [_differs(from_output, name, f"unit {unit.key!r} re-derived from {src_where}",
                                   got[name], want[name]) for name in bad]
         res.deep_checked += 1
@@ -266,7 +273,7 @@ def hub_source(out: str, manifest: Manifest) -> tuple[str, str]:
 def hub_sample(units: list, samples: int, model) -> list:
     """The units `verify ORG/NAME --deep` re-derives, in plan order: the local --deep's `samples` (stride_sample),
     and the first and last unit of each EP rank and of each kind of block (hash-routed layers, layers, MTP blocks,
-    rewritten non-expert tensors), where a damaged conversion most often shows (a range's ends)."""
+    rewritten non-expert tensors): the ends of each range, where a plan that is off by one shows."""
     def kind(u) -> str:
         if u.dense:
             return "dense"
@@ -291,9 +298,11 @@ def _ends(groups) -> list[str]:
 def _differs(output, name: str, what: str, got, want) -> str:
     """The line for a published tensor whose bytes are not `want`'s: repo, file, tensor, both hashes, next step."""
     def digest(t) -> str:
-        return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+        return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
+    stored = output.info(name).dtype
     return (f"{output.repo_id}@{output.commit}/{output.where[name]}: tensor {name!r} differs from {what} (its bytes' "
-            f"sha256 {digest(got)}..., {tuple(got.shape)}; expected {digest(want)}..., {tuple(want.shape)}); the "
+            f"sha256 {digest(got)}..., {stored} {tuple(got.shape)}; expected {digest(want)}..., "
+            f"{tuple(want.shape)}); the "
             "published output is not an exact conversion of its source: do not load it; convert again and publish "
             "with `fimoe-convert upload`")

@@ -77,12 +77,14 @@ def serve(outputs, ckpt, tmp_path, monkeypatch):
 
     stack = contextlib.ExitStack()
 
-    def start(target: str, edit=None) -> Hubs:
+    def start(target: str, edit=None, edit_source=None) -> Hubs:
         folder = Path(shutil.copytree(outputs(target), tmp_path / "published"))
         if edit:
             edit(folder)
-        src_hub = stack.enter_context(HubFiles(HUB_REPO, Path(shutil.copytree(ckpt, tmp_path / "src")),
-                                               HUB_COMMIT))
+        src = Path(shutil.copytree(ckpt, tmp_path / "src"))
+        if edit_source:
+            edit_source(src)
+        src_hub = stack.enter_context(HubFiles(HUB_REPO, src, HUB_COMMIT))
         out_hub = stack.enter_context(HubFiles(PUBLISHED, folder, PUBLISHED_COMMIT))
         hubs = Hubs(out_hub, src_hub)
         out_hub.other = hubs
@@ -205,3 +207,32 @@ def test_deep_verify_needs_a_hub_source(serve, spec):
     res = CliRunner().invoke(main, ["verify", PUBLISHED, "--deep"])
     assert res.exit_code == 2 and res.output.startswith(f"error: verify {PUBLISHED} --deep: needs a Hub source")
     assert len(res.output.strip().splitlines()) == 1, res.output  # said before any file is checked
+
+
+def _flip_last_byte(name: str):
+    def edit(folder: Path) -> None:
+        path = sorted(folder.glob(name))[0]
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+    return edit
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("config.json", r"config\.json: sha256 [0-9a-f]{16}\.\.\. on the Hub, manifest says [0-9a-f]{16}\.\.\.; "),
+    ("model-*.safetensors", r"model-00001-of-00002\.safetensors: sha256 [0-9a-f]{16}\.\.\. on the Hub, manifest "
+                            r"says [0-9a-f]{16}\.\.\.; "),
+], ids=["config", "shard"])
+def test_deep_verify_refuses_a_source_that_is_not_the_one_recorded(serve, name, problem):
+    hubs = serve("bf16", edit_source=_flip_last_byte(name))
+    r = verify(PUBLISHED, deep=True)
+    assert len(r.problems) == 1 and r.deep_checked == 0, r.problems
+    assert re.search(rf"^{HUB_REPO}@{HUB_COMMIT}/{problem}the source on the Hub is not the one {PUBLISHED}@"
+                     rf"{PUBLISHED_COMMIT}'s manifest records: do not load", r.problems[0]), r.problems
+    assert all(s["ranged"] == 0 for s in shard_bytes(hubs.src).values())  # no tensor read from it
+
+
+def test_deep_verify_of_a_hub_output_takes_no_src():
+    with pytest.raises(UsageError, match=rf"^--src other/ckpt: verify {PUBLISHED} --deep re-derives from the Hub "
+                                         r"source its manifest records; to use another copy, `hf download "):
+        verify(PUBLISHED, deep=True, src="other/ckpt")
