@@ -12,7 +12,7 @@ Where each job lives:
       distributed.py     the ranks of a torchrun launch
       pipeline/          moving bytes: channels, the schedule of a shard and the reads of --stream (pure),
                          reader/converter threads, writer lanes
-    verification.py    verify OUT against its manifest (--deep: re-derive from SRC)
+    verification.py    verify OUT or a published ORG/NAME against its manifest (--deep: re-derive from SRC)
     inspection.py      inspect SRC; list the targets
     eta.py             the --dry-run estimate, from samples of the target's own work and of the disks, measured
     console.py         what the CLI shows while it works: progress, log lines, readable reports

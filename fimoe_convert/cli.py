@@ -182,6 +182,7 @@ def main() -> None:
     fimoe-convert recommend --engine E --gpu G  do I need a conversion, and which, for my engine and GPU
     fimoe-convert targets                       every target, which GPUs and engines run it, which fit here
     fimoe-convert verify OUT [--deep]           every file of OUT against its manifest
+    fimoe-convert verify ORG/NAME [--deep]      a published conversion, by range (--deep: re-derived from its source)
     fimoe-convert upload OUT REPO_ID            publish a verified OUT on the Hub
     fimoe-convert download SRC                  fetch the files a conversion reads into the Hub cache
     fimoe-convert demo                          make a tiny checkpoint, convert, verify

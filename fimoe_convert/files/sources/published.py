@@ -1,6 +1,7 @@
 """`verify ORG/NAME`: a conversion published on the Hub checked against its own manifest without downloading its
 shards: the Hub's LFS sha256 and size of each file against the manifest's, the small files fetched and hashed, the
-index against every shard's header (read by range)."""
+index against every shard's header (read by range). For `--deep`, RangedTensors reads a repo's tensors by range,
+the source's and the output's: bytes that are compared, never hashed (a file's sha256 needs the whole file)."""
 
 from __future__ import annotations
 
