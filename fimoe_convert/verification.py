@@ -237,7 +237,7 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
         bad = differing(unit, want, got, {(unit.key, n): (0, got[n].shape[0]) for n in want})
         bad += [n for n in want if n not in bad and from_output.info(n).dtype != dtypes[n]]  # same bytes, read as other
         res.problems += [_differs(from_output, name, f"unit {unit.key!r} re-derived from {src_where}",
-                                  got[name], want[name]) for name in bad]
+                                  got[name], want[name], dtypes[name]) for name in bad]
         res.deep_checked += 1
         if res.problems:
             break
@@ -249,8 +249,9 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
     for name in picked:
         have, info = from_output.info(name), source.info(name)
         if (have.dtype, have.shape) != (info.dtype, info.shape) or not torch.equal(gots[name], wants[name]):
-            res.problems.append(_differs(from_output, name, f"the copy of {src_where}'s tensor", gots[name],
-                                         wants[name]))
+            res.problems.append(_differs(from_output, name, f"the copy of {src_where}'s tensor",
+                                         as_typed(gots[name], have.dtype, have.shape),
+                                         as_typed(wants[name], info.dtype, info.shape), info.dtype))
             break
         res.copies_checked += 1
     res.range_bytes = from_source.read_bytes + from_output.read_bytes
@@ -295,14 +296,14 @@ def _ends(groups) -> list[str]:
     return list(dict.fromkeys(n for names in groups for n in names[:1] + names[-1:]))
 
 
-def _differs(output, name: str, what: str, got, want) -> str:
+def _differs(output, name: str, what: str, got, want, dtype: str) -> str:
     """The line for a published tensor whose bytes are not `want`'s: repo, file, tensor, both hashes, next step."""
     def digest(t) -> str:
         return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
     stored = output.info(name).dtype
     return (f"{output.repo_id}@{output.commit}/{output.where[name]}: tensor {name!r} differs from {what} (its bytes' "
-            f"sha256 {digest(got)}..., {stored} {tuple(got.shape)}; expected {digest(want)}..., "
+            f"sha256 {digest(got)}..., {stored} {tuple(got.shape)}; expected {digest(want)}..., {dtype} "
             f"{tuple(want.shape)}); the "
             "published output is not an exact conversion of its source: do not load it; convert again and publish "
             "with `fimoe-convert upload`")

@@ -184,8 +184,11 @@ def test_deep_verify_names_the_altered_tensor(serve, ckpt, target, tensor):
     assert len(r.problems) == 1, r.problems
     assert re.search(rf"^{PUBLISHED}@{PUBLISHED_COMMIT}/model-\d{{5}}-of-\d{{5}}\.safetensors: tensor "
                      rf"{re.escape(repr(tensor))} differs from .*{HUB_REPO}@{HUB_COMMIT}.* \(its bytes' sha256 "
-                     r"[0-9a-f]{16}\.\.\., .*; expected [0-9a-f]{16}\.\.\., .*\); the published output is not an exact "
-                     r"conversion of its source: do not load it", r.problems[0]), r.problems
+                     r"(?P<got>[0-9a-f]{16})\.\.\., (?P<dtype>[A-Z0-9_]+) (?P<shape>\([0-9, ]+\)); expected "
+                     r"(?!(?P=got))[0-9a-f]{16}\.\.\., (?P=dtype) (?P=shape)\); the published output is not "
+                     r"an exact conversion of its source: do not load it; convert again and publish with "
+                     r"`fimoe-convert upload`$",
+                     r.problems[0]), r.problems
     res = CliRunner().invoke(main, ["verify", PUBLISHED, "--deep"])
     assert res.exit_code == 1 and f"tensor {tensor!r} differs" in res.output, res.output
 
