@@ -205,9 +205,17 @@ def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, sample
                             f"of {src_where}, e.g. {unrecorded[0]!r}; {OUT_DAMAGED_HINT}")
         return
     o = manifest.options
-    target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
-                                   allow_lossy=o.allow_lossy, params=dict(o.params))
-    converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
+    try:  # the manifest's options as a conversion's flags are checked, before any unit is planned from them
+        target_options = TargetOptions(ep_size=o.ep_size, arch=parse_arch(o.arch), device="cpu",
+                                       allow_lossy=o.allow_lossy, params=dict(o.params))
+        converter = make_target(get_kernel(manifest.target.name), source.model, target_options)
+        refused = converter.validate()
+    except UsageError as e:
+        refused = [str(e)]
+    if refused:
+        raise InputError(f"verify {res.repo_id} --deep: the conversion {out_where}/{MANIFEST_NAME} records (target "
+                         f"{manifest.target.name[:80]!r}, EP size {o.ep_size}) cannot be re-run here on the CPU: "
+                         f"{'; '.join(p[:300] for p in refused[:2])}")
     tensors = source.non_expert_tensors()
     units = converter.all_units(tensors)
     planned = planned_tensors(tensors, units)

@@ -15,7 +15,7 @@ from reference import HUB_COMMIT, HUB_REPO
 
 from fimoe_convert import convert, verify
 from fimoe_convert.cli import main
-from fimoe_convert.errors import UsageError
+from fimoe_convert.errors import InputError, UsageError
 from fimoe_convert.testing import make_checkpoint, seed_hub_cache
 
 PUBLISHED, PUBLISHED_COMMIT = "fimoe-test/published-deep", "e" * 40
@@ -239,3 +239,17 @@ def test_deep_verify_of_a_hub_output_takes_no_src():
     with pytest.raises(UsageError, match=rf"^--src other/ckpt: verify {PUBLISHED} --deep re-derives from the Hub "
                                          r"source its manifest records; to use another copy, `hf download "):
         verify(PUBLISHED, deep=True, src="other/ckpt")
+
+
+def test_deep_verify_refuses_options_no_conversion_takes(serve):
+    def ep_size_3(folder: Path) -> None:
+        manifest = json.loads((folder / "fimoe-manifest.json").read_text())
+        manifest["options"]["ep_size"] = 3
+        (folder / "fimoe-manifest.json").write_text(json.dumps(manifest, indent=2))
+
+    hubs = serve("bf16", ep_size_3)
+    with pytest.raises(InputError, match=rf"^verify {PUBLISHED} --deep: the conversion {PUBLISHED}@{PUBLISHED_COMMIT}/"
+                                         r"fimoe-manifest\.json records \(target 'bf16', EP size 3\) cannot be re-run "
+                                         r"here on the CPU: --ep-size 3: must divide the 32 routed experts"):
+        verify(PUBLISHED, deep=True)
+    assert all(s["ranged"] == 0 for hub in (hubs.out, hubs.src) for s in shard_bytes(hub).values())
