@@ -12,7 +12,7 @@ read of it or of any later piece of its shard, so a shard is fetched front to ba
 Memory: pieces received are held (at most `cap` bytes, in flight included; anonymous mappings, returned to the
 system as each is released) until hashed and read by every planned read. The conversion reads a shard's tensors
 in its own order, not in file order, so a shard arrives ahead of its reads: `cap` is what --max-memory leaves
-beside the conversion's own working set (budget.MemoryBudget.stream_bytes). With no room, the held piece needed
+beside the conversion's own working set (budget.MemoryBudget.stream_bytes). With no room, the hashed piece needed
 last, if later than the next one, is dropped, its blake2b kept; fetched again (that piece's bytes only), they must
 match that hash, so every byte converted is a byte checked. `peak_need` (held plus dropped and needed again, at
 most) is what a cap without re-fetches takes. An output shard converted from a source shard not yet verified is
@@ -422,12 +422,14 @@ class StreamedSource(Source):
         self.peak_need = max(self.peak_need, self._held + self._dropped)
 
     def _fits(self, c: _Chunk) -> bool:
-        """Whether `c` fits within the cap, dropping held pieces needed later than `c` (latest first)."""
+        """Whether `c` fits within the cap, dropping held pieces needed later than `c` (latest first). Only hashed
+        pieces: one dropped before the hash took it would stall its shard's hash, and every piece after it, until
+        fetched again."""
         if self._held + c.size <= self._cap:
             return True
         if c.reads is None:
             return False  # before the plan: every piece may be read
-        later = sorted((h for h in self._holding if not h.users and self._need(h) > c.key[0]),
+        later = sorted((h for h in self._holding if h.hashed and not h.users and self._need(h) > c.key[0]),
                        key=self._need, reverse=True)
         for h in later:
             h.digest = hashlib.blake2b(h.data, digest_size=32).digest()  # the bytes fetched again must match it
