@@ -422,12 +422,13 @@ class StreamedSource(Source):
         self.peak_need = max(self.peak_need, self._held + self._dropped)
 
     def _fits(self, c: _Chunk) -> bool:
-        """Whether `c` fits within the cap, dropping held pieces needed later than `c` (latest first). Only hashed
+        """Whether `c` fits within the cap, dropping held pieces needed later than `c` (latest first) while a reader
+        waits: a fetch ahead of the readers waits for room instead (what it would drop is fetched again). Only hashed
         pieces: one dropped before the hash took it would stall its shard's hash, and every piece after it, until
         fetched again."""
         if self._held + c.size <= self._cap:
             return True
-        if c.reads is None:
+        if c.reads is None or not self._waiting:
             return False  # before the plan: every piece may be read
         later = sorted((h for h in self._holding if h.hashed and not h.users and self._need(h) > c.key[0]),
                        key=self._need, reverse=True)
