@@ -12,12 +12,12 @@ read of it or of any later piece of its shard, so a shard is fetched front to ba
 Memory: pieces received are held (at most `cap` bytes, in flight included; anonymous mappings, returned to the
 system as each is released) until hashed and read by every planned read. The conversion reads a shard's tensors
 in its own order, not in file order, so a shard arrives ahead of its reads: `cap` is what --max-memory leaves
-beside the conversion's own working set (budget.MemoryBudget.stream_bytes). With no room, the hashed piece needed
-last, if later than the next one, is dropped, its blake2b kept; fetched again (that piece's bytes only), they must
-match that hash, so every byte converted is a byte checked. `peak_need` (held plus dropped and needed again, at
-most) is what a cap without re-fetches takes. An output shard converted from a source shard not yet verified is
-written but recorded as finished only once every source shard it read is verified; a mismatch stops the run naming
-the shard and deletes those outputs.
+beside the conversion's own working set (budget.MemoryBudget.stream_bytes). With no room, fetching ahead waits;
+while a reader waits, the hashed piece needed last, if later than the next one, is dropped, its blake2b kept;
+fetched again (that piece's bytes only), they must match that hash, so every byte converted is a byte checked.
+`peak_need` (held plus dropped and needed again, at most) is what a cap without re-fetches takes. An output shard
+converted from a source shard not yet verified is written but recorded as finished only once every source shard it
+read is verified; a mismatch stops the run naming the shard and deletes those outputs.
 
 Large files on the Hub are stored elsewhere: the resolve URL answers 302 to a storage host with a signed URL that
 takes Range. Ranges go there directly, without the Hub token; a refused signed URL (expired) is resolved again.
