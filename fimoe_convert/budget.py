@@ -13,7 +13,8 @@ UNIT_BYTES_MAX = 64 << 20  # output bytes per unit, for targets that split their
 UNIT_SHARE = 32  # a unit's output takes at most 1/32 of --max-memory
 UNIT_FACTOR = 2  # a unit holds its output and its inputs: about twice its output bytes
 LANES_SHARE = 4  # the lanes' read-ahead and their write buffers each take at most a quarter of --max-memory
-STREAM_SHARE = 4  # --stream keeps at most a quarter of --max-memory of source tensors that arrived early
+STREAM_SHARE = 4  # --stream holds at least a quarter of --max-memory of source bytes that arrived early
+PROCESS_BYTES = 1 << 30  # the conversion's own beside its lanes: Python, torch, the plan, allocator caches
 IO_BLOCK = 16 << 20  # bytes per read/write call when streaming large tensors, and per staging block
 STAGE_BLOCKS = 3  # staging blocks of IO_BLOCK bytes per shard writer: one filling, two writing/hashing
 SHARDS_PER_LANE = 2  # shards a lane writes at once, a sha256 each: a whole-block unit's outputs span two shards
@@ -35,10 +36,17 @@ class MemoryBudget:
         """Output bytes per unit for targets that split their work (any value gives the same output)."""
         return min(UNIT_BYTES_MAX, self.total // UNIT_SHARE)
 
-    @property
-    def stream_bytes(self) -> int:
-        """Bytes --stream may hold of source tensors that arrive before the lanes ask for them."""
-        return self.total // STREAM_SHARE
+    def stream_bytes(self, lanes: int = 0, lane_bytes: int = 0, biggest_unit: int = 0) -> int:
+        """Bytes --stream may hold of source bytes that arrive before the lanes read them: what the budget leaves
+        beside `lanes` lanes of `lane_bytes` (their write buffers, and the unit each converts, `biggest_unit` output
+        bytes at most) and the process's own (PROCESS_BYTES); at least a quarter of it (before the plan: that)."""
+        own = lanes * (lane_bytes + SHARDS_PER_LANE * STAGE_BLOCKS * IO_BLOCK + UNIT_FACTOR * biggest_unit)
+        return max(self.total // STREAM_SHARE, self.total - own - PROCESS_BYTES if lanes else 0)
+
+    def stream_need(self, hold: int, lanes: int, lane_bytes: int, biggest_unit: int) -> int:
+        """The --max-memory whose stream_bytes(lanes, lane_bytes, biggest_unit) is at least `hold`."""
+        own = lanes * (lane_bytes + SHARDS_PER_LANE * STAGE_BLOCKS * IO_BLOCK + UNIT_FACTOR * biggest_unit)
+        return min(hold + own + PROCESS_BYTES, hold * STREAM_SHARE)
 
     def fits_device(self, device_bytes: int) -> bool:
         """Whether the outputs in flight (at most the budget) may wait on a device of `device_bytes` to be written,

@@ -9,6 +9,7 @@ finally the index, config, model card and the manifest with `complete: true`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -46,6 +47,7 @@ from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, Req
 from .pipeline.reads import source_reads
 from .plan import OutShard, Plan, assign_shards, plan_shards, planned_tensors
 from .records import ConvertResult, IndexMetadata, Manifest, OutIndex, PlanRow, Status
+from .sizes import human
 from .targets import make_target
 
 DISK_HEADROOM = 1.02  # free-disk check keeps 2% spare for headers and the file system
@@ -87,7 +89,7 @@ def convert(src: str, out: str, target: str | None = None, *, revision: str | No
     check_source(src, revision, offline)
     early = stream and not (dry_run or resume)
     if early:  # the shards flow while torch is imported (seconds); the conversion takes the streams over
-        stream_early(src, revision, flags.memory.stream_bytes, req.connections)
+        stream_early(src, revision, flags.memory.stream_bytes(), req.connections)
     try:
         with signals_deferred():  # a stop inside torch's C++ initialization would abort the process: held to its end
             import torch  # noqa: F401
@@ -139,10 +141,12 @@ def _convert(req: Request, opts: ConvertOptions, t0: float) -> ConvertResult:
         hashes = resuming.hash_inputs(source, resuming.local_inputs(source) if group.rank == 0 else [], threads,
                                       manifest)
         on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
-        _start_stream(source, plan, todo, carried, opts, manifest, on_exit, req.connections)
+        cap = opts.memory.stream_bytes(lanes, budget, biggest)
+        _start_stream(source, plan, todo, carried, cap, manifest, on_exit, req.connections)
         mine = _write_shards(plan, todo, source, converter, (lanes, budget), manifest, group, req, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
-        digests = {**hashes.result(), **_streamed_hashes(source, result)}
+        need = functools.partial(opts.memory.stream_need, lanes=lanes, lane_bytes=budget, biggest_unit=biggest)
+        digests = {**hashes.result(), **_streamed_hashes(source, result, need)}
         manifest.flush()
         manifest.close()
         for part in group.gather(mine):
@@ -187,12 +191,14 @@ def _done(result: ConvertResult, opts: ConvertOptions, t0: float) -> ConvertResu
     return result
 
 
-def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, opts: ConvertOptions,
+def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, cap: int,
                   manifest: LiveManifest, on_exit: contextlib.ExitStack, connections: int | None) -> None:
-    """--stream: start reading the source shards, each hashed as it streams and recorded once verified;
-    `memory.stream_bytes` hold tensors that arrive before the lanes ask for them. No-op for another source."""
+    """--stream: start reading the source shards, each hashed as it streams and recorded once verified; `cap`
+    bytes (MemoryBudget.stream_bytes) hold source bytes that arrive before the lanes read them. No-op for another
+    source."""
     if isinstance(source, StreamedSource):
-        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, opts.memory.stream_bytes,
+        log.info("--stream: holding up to %d bytes of source shards that arrive ahead of the conversion", cap)
+        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, cap,
                      lambda rel, sha: resuming.record_sha(source, manifest, rel, sha), connections)
         on_exit.push(lambda failed, *_: source.close(failed is not None))
 
@@ -205,12 +211,20 @@ def _open(req: Request) -> Source:
     return open_source(req.src, revision=req.revision, offline=req.offline, weights=not req.dry_run or req.resume)
 
 
-def _streamed_hashes(source: Source, result: ConvertResult) -> dict[str, str]:
-    """--stream: {shard: sha256} once every stream is verified (raises a mismatch, naming the shard)."""
+def _streamed_hashes(source: Source, result: ConvertResult, need: Callable[[int], int]) -> dict[str, str]:
+    """--stream: {shard: sha256} once every stream is verified (raises a mismatch, naming the shard); a warning
+    where bytes were fetched twice, naming the --max-memory (`need(hold)`) that holds what arrived ahead."""
     if not isinstance(source, StreamedSource):
         return {}
     hashes = source.verified()
-    result.bytes_fetched = source.fetched
+    result.bytes_fetched, result.bytes_held_peak = source.fetched, source.peak_held
+    result.stream_max_memory = need(source.peak_need)
+    shards = sum(source.file_size(r) for r in hashes)
+    if source.fetched > shards:
+        log.warning("--stream fetched %s for %s of shards (%.2fx): the conversion reads the shards' tensors out of "
+                    "file order and --max-memory held too little of what arrived ahead of it; --max-memory %s "
+                    "would fetch each byte once", human(source.fetched), human(shards), source.fetched / shards,
+                    human(result.stream_max_memory))
     return hashes
 
 

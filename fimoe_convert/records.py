@@ -506,6 +506,9 @@ class ConvertResult(Record):
     # disk, fsync).
     timings: dict = field(default_factory=dict)
     bytes_fetched: int | None = None  # --stream: bytes received from the Hub (re-reads included)
+    # --stream: source bytes held at once at most (in flight included), and the --max-memory that holds them all
+    bytes_held_peak: int | None = None
+    stream_max_memory: int | None = None
     upload: UploadResult | None = None  # --upload-repo: what `upload` returned
     params: dict = field(default_factory=dict)  # the target's --param values (an --engine's included)
 

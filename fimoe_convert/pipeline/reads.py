@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from ..budget import IO_BLOCK
 from ..plan import OutShard, Plan
-from .schedule import KEEP_MAX, Copy, Run, shard_steps
+from .schedule import KEEP_MAX, Copy, Run, group_steps, linked_groups
 
 
 def source_reads(plan: Plan, shards: list[OutShard], nbytes) -> list[tuple[str, int]]:
     """(source tensor, bytes) of every read the feeders make to write `shards`, in shard order: the same steps
-    `Feeder._reads` takes. `nbytes(name)`: a source tensor's size."""
+    `Feeder._reads` takes, per group of linked shards (a unit whose outputs span two shards runs, and reads its
+    inputs, once). `nbytes(name)`: a source tensor's size."""
     reads: list[tuple[str, int]] = []
-    for shard in shards:
-        for step in shard_steps(shard, plan.piece_bytes, IO_BLOCK, KEEP_MAX):
+    for group in linked_groups(list(shards)):
+        for step in group_steps(group, plan.piece_bytes, IO_BLOCK, KEEP_MAX):
             if isinstance(step, Copy):
                 reads.append((step.tensor.name, step.end - step.start))
             elif isinstance(step, Run):

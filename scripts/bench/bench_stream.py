@@ -15,7 +15,8 @@ same geometry. V4-Flash geometry: --layers 2 --experts 256 --mtp 1 (10.4 GB of s
 
 usage: python3 scripts/bench/bench_stream.py [--rate 50MB[,200MB,...]] [--conn-rate 100MB] [--connections N]
        [--layers 1] [--experts 96] [--mtp 0] [--work DIR] [--code DIR]
-       [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--json FILE]
+       [--targets bf16,fp8_block,megamoe_sm90_mxfp4] [--max-memory 8GiB] [--shard-size S] [--writers N]
+       [--json FILE]
        python3 scripts/bench/bench_stream.py --chart-from FILE.json[,...] --chart FILE.png   (needs matplotlib only)
        python3 scripts/bench/bench_stream.py --serve FOLDER [--repo ORG/NAME] [--commit SHA] [--rate 1GB]
            (serve FOLDER as a Hub repo until killed, its URL on the first line; scripts/prebake/build_local.sh
@@ -214,6 +215,8 @@ def convert(hub: Hub, cache: Path, out: Path, target: str, args, local: Path | N
     its --json summary with `peak_rss`."""
     how = [str(local)] if local else [REPO, "--stream"]
     conns = ["--connections", str(args.connections)] if not local and args.connections else []
+    conns += ["--shard-size", args.shard_size] if args.shard_size else []
+    conns += ["--writers", str(args.writers)] if args.writers else []
     text, rss = child([sys.executable, "-m", "fimoe_convert", how[0], str(out), *how[1:], *conns, "--target", target,
                        "--max-memory", args.max_memory, "--json", "-q", *EXTRA.get(target, [])],
                       env_for(hub, cache, args.code))
@@ -257,6 +260,8 @@ def main() -> None:
     ap.add_argument("--mtp", type=int, default=0)
     ap.add_argument("--targets", default="bf16,fp8_block,megamoe_sm90_mxfp4")
     ap.add_argument("--max-memory", default="8GiB")
+    ap.add_argument("--shard-size", default=None, help="both conversions' --shard-size (default: the tool's)")
+    ap.add_argument("--writers", type=int, default=None, help="both conversions' --writers (default: the tool's)")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "fimoe-bench-stream"))
     ap.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[2],
                     help="the folder whose fimoe_convert the conversions run (default: this script's checkout)")
@@ -338,6 +343,8 @@ def one_rate(args, src: Path, work: Path, rate: str, floor: float) -> dict:
         row = {"target": target, "seconds": round(secs, 2), "ratio": round(secs / seconds, 3),
                "bound": round(bound, 2), "ratio_to_bound": round(secs / bound, 3), "peak_disk": peak,
                "out_disk": out_bytes, "peak_over_out": round(peak / out_bytes, 4), "fetched": res.get("bytes_fetched"),
+               "fetched_ratio": round(res["bytes_fetched"] / shard_bytes, 4) if res.get("bytes_fetched") else None,
+               "held_peak": res.get("bytes_held_peak"), "stream_max_memory": res.get("stream_max_memory"),
                "shards_in_cache": left, "convert_seconds": round(res["seconds"], 2), "timings": res["timings"],
                "peak_rss": res["peak_rss"]}
         row["goal_met"] = row["ratio_to_bound"] <= 1.15 and row["peak_over_out"] <= 1.01 and res["peak_rss"] <= budget
@@ -345,8 +352,11 @@ def one_rate(args, src: Path, work: Path, rate: str, floor: float) -> dict:
         print(f"--stream {target}: {secs:.2f} s = {secs / seconds:.2f}x the download, {secs / bound:.2f}x the goal's "
               f"base ({'download' if bound == seconds else 'convert --offline'}, {bound:.2f} s); peak disk "
               f"{human(peak)} = {peak / out_bytes:.4f}x the output ({human(out_bytes)}); peak RSS "
-              f"{human(res['peak_rss'])}; fetched {human(res.get('bytes_fetched') or 0)}; source shards in the cache: "
-              f"{len(left)}; convert() {res['seconds']:.2f} s, outside it {secs - res['seconds']:.2f} s; "
+              f"{human(res['peak_rss'])}; fetched {fetched_line(res.get('bytes_fetched'), shard_bytes)}; "
+              f"held at most {human(res.get('bytes_held_peak') or 0)} (without re-fetches: --max-memory "
+              f"{human(res.get('stream_max_memory') or 0)}); source shards in the cache: {len(left)}; "
+              f"convert() {res['seconds']:.2f} s, outside it "
+              f"{secs - res['seconds']:.2f} s; "
               f"stages {res['timings']}", flush=True)
         shutil.rmtree(out)
         shutil.rmtree(cache)
@@ -355,6 +365,13 @@ def one_rate(args, src: Path, work: Path, rate: str, floor: float) -> dict:
     results["load_after"] = round(os.getloadavg()[0], 2)
     print(f"load average at the end {results['load_after']:.2f}", flush=True)
     return results
+
+
+def fetched_line(fetched: int | None, shard_bytes: int) -> str:
+    """"fetched X GB of Y GB (ratio)": bytes received from the Hub against the shards' bytes (1.000: each once)."""
+    if fetched is None:
+        return "? (no bytes_fetched in the summary)"
+    return f"{fetched / 1e9:.3f} GB of {shard_bytes / 1e9:.3f} GB ({fetched / shard_bytes:.3f})"
 
 
 def table(runs: list[dict]) -> None:

@@ -63,3 +63,21 @@ def test_lane_count(monkeypatch, cores, writers, shards, total, lanes):
                                           ("not a version", ())])
 def test_version_parse(text, parsed):
     assert versions.parse(text) == parsed
+
+
+@pytest.mark.parametrize("total, lanes, lane, unit, hold", [
+    (8 * GiB, 0, 0, 0, 2 * GiB),  # before the plan: a quarter
+    (8 * GiB, 4, 256 * MiB, 64 * MiB, 8 * GiB - 4 * (256 + 96 + 128) * MiB - 1 * GiB),  # what the lanes leave
+    (8 * GiB, 1, 128 * MiB, 1 * MiB, 8 * GiB - (128 + 96 + 2) * MiB - 1 * GiB),
+    (2 * GiB, 4, 256 * MiB, 64 * MiB, 512 * MiB),  # the lanes take more than three quarters: a quarter
+])
+def test_stream_bytes_is_what_the_lanes_leave_or_a_quarter(total, lanes, lane, unit, hold):
+    assert MemoryBudget(total).stream_bytes(lanes, lane, unit) == hold
+
+
+@pytest.mark.parametrize("hold", [1 * MiB, 300 * MiB, 1 * GiB, 5 * GiB, 12 * GiB])
+@pytest.mark.parametrize("lanes, lane, unit", [(4, 256 * MiB, 64 * MiB), (1, 128 * MiB, 1 * MiB)])
+def test_stream_need_is_the_least_budget_that_holds(hold, lanes, lane, unit):
+    need = MemoryBudget(0).stream_need(hold, lanes, lane, unit)
+    assert MemoryBudget(need).stream_bytes(lanes, lane, unit) >= hold
+    assert MemoryBudget(need - 1).stream_bytes(lanes, lane, unit) < hold

@@ -4,6 +4,7 @@ storage host, and a stop while a range stalls. The reference is the same repo do
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from test_stream import (
 import fimoe_convert.files.sources.stream as stream
 from fimoe_convert import convert, verify
 from fimoe_convert.errors import InputError, UsageError
+from fimoe_convert.files.safetensors.header import read_header
 
 CHUNK = 128 << 10  # bytes per ranged GET here: the tiny shards (0.4 to 1.6 MB) in 3 to 13 chunks
 TOKEN = "hf_stream_test_token"
@@ -162,6 +164,62 @@ def test_a_tight_memory_budget_fetches_again_and_converts_the_same(served, chunk
     res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="1MiB", connections=2)
     assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
     assert res.bytes_fetched > sum(sizes(tiny_ckpt).values())
+
+
+@pytest.mark.parametrize("connections", [2, 4])
+def test_a_hold_of_a_shard_and_the_gets_in_flight_fetches_each_byte_once(served, chunks, tiny_ckpt, tmp_path,
+                                                                         monkeypatch, connections):
+    """The conversion reads each shard's tensors out of file order; a hold of about the largest shard (1.6 MB) and
+    the GETs in flight is enough: with --max-memory 12MiB (a hold of 3 MiB) the Hub serves each byte once."""
+    def arm():
+        fresh(served)
+        served.sent = 0
+
+    when_streams_start(monkeypatch, arm)
+    out = tmp_path / "streamed"
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="12MiB", connections=connections)
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    total = sum(sizes(tiny_ckpt).values())
+    assert served.sent == res.bytes_fetched == total
+    assert max(sizes(tiny_ckpt).values()) < res.bytes_held_peak <= 3 << 20
+    for s, size in sizes(tiny_ckpt).items():
+        assert tiling(shard_gets(served, s)) == [(0, size)]
+
+
+def get_spans(hub: HubFiles, name: str) -> list[tuple[int, int]]:
+    """The byte spans [a, b) of `name`'s GETs, in the order asked."""
+    return [(int(a), int(b) + 1) for a, b in (re.fullmatch(r"bytes=(\d+)-(\d+)", r).groups()
+                                              for r in shard_gets(hub, name))]
+
+
+def test_a_dropped_piece_is_fetched_again_alone(served, chunks, tiny_ckpt, tmp_path, monkeypatch):
+    """With room for few pieces, pieces cut at every tensor's end (PIECE_MIN_BYTES 1): a piece dropped to make room
+    is asked again alone, not its whole chunk. Every GET is of whole pieces within one grid cell (its span starts and
+    ends at tensor edges or grid points); the GETs that ask bytes again are such spans, some shorter than their
+    cell; the bytes the Hub served are the bytes fetched, and the output is the downloaded conversion's."""
+    monkeypatch.setattr(stream, "PIECE_MIN_BYTES", 1)
+
+    def arm():
+        fresh(served)
+        served.sent = 0
+
+    when_streams_start(monkeypatch, arm)
+    out = tmp_path / "streamed"
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="1MiB", connections=2)
+    assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []
+    again, shorter = 0, 0
+    for s, size in sizes(tiny_ckpt).items():
+        h = read_header(tiny_ckpt / s)
+        edges = {h.data_start, size, *(t.end for t in h.tensors.values()), *range(0, size, CHUNK)}
+        asked = bytearray(size)  # 1: the byte was asked for before
+        for a, b in get_spans(served, s):
+            assert a in edges and b in edges and a // CHUNK == (b - 1) // CHUNK, (s, a, b)
+            twice = sum(asked[a:b])
+            again += twice
+            shorter += bool(twice) and b - a < min(size, a // CHUNK * CHUNK + CHUNK) - a // CHUNK * CHUNK
+            asked[a:b] = b"\x01" * (b - a)
+    total = sum(sizes(tiny_ckpt).values())
+    assert again and shorter and res.bytes_fetched == total + again == served.sent
 
 
 @pytest.mark.parametrize("refusals", [0, 1])

@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from fimoe_convert import convert
-from fimoe_convert.budget import READ_AHEAD_MAX, MemoryBudget
+from fimoe_convert.budget import IO_BLOCK, READ_AHEAD_MAX, MemoryBudget
 from fimoe_convert.pipeline.feeder import KEEP_MAX
+from fimoe_convert.pipeline.reads import source_reads
 from fimoe_convert.pipeline.schedule import Emit, Run, group_steps, linked_groups
 from fimoe_convert.plan import OutShard, OutTensor, Plan, Unit
 
@@ -32,6 +33,17 @@ def test_shards_sharing_a_unit_are_one_group_and_the_unit_runs_once():
     assert steps == [s1, Run("u", ("u.A", "u.B"), ()), Emit(u.outputs[0], "u", True, False),
                      s2, Emit(u.outputs[1], "u", True, False), Run("v", ("v.A", "v.B"), ()),
                      Emit(v.outputs[0], "v", True, False), s3, Emit(v.outputs[1], "v", True, False)]
+
+
+def test_the_reads_a_stream_plans_are_the_feeders_a_unit_spanning_shards_read_once():
+    """--stream holds a source piece until every planned read of it is made: a unit whose outputs span two shards
+    is read once (its group's run), so it is planned once; a copied tensor is read in IO_BLOCK parts."""
+    u, v = (Unit(k, "layers.0", 0, (0, 1), (f"{k}.in1", f"{k}.in2"), two_output_unit(k).outputs) for k in "uv")
+    s1, s2, s3 = (OutShard("s1", u.outputs[:1], 0), OutShard("s2", u.outputs[1:] + v.outputs[:1], 0),
+                  OutShard("s3", (*v.outputs[1:], OutTensor("C", "U8", (IO_BLOCK + 5,))), 0))
+    plan = Plan((s1, s2, s3), {"u": u, "v": v}, 0)
+    assert source_reads(plan, [s1, s2, s3], lambda n: 7) == [("u.in1", 7), ("u.in2", 7), ("v.in1", 7), ("v.in2", 7),
+                                                            ("C", IO_BLOCK), ("C", 5)]
 
 
 def test_a_shard_alone_is_its_own_group():

@@ -1,30 +1,38 @@
 """SRC streamed from the Hub (--stream): the shards' bytes go from HTTP into the conversion, never to disk.
 
-Design: each remote SOURCE shard is cut into chunks of CHUNK_BYTES, each fetched by one ranged GET; `connections`
-workers (--connections) take chunks in the order the conversion consumes their bytes (the plan's reads), so many
-connections, on one shard and across shards, fill a link that one connection cannot. Each shard's sha256 is
-computed over its contiguous prefix as chunks land (in file order) and compared with the Hub's own record (the LFS
-sha256) at its end: the check covers every byte, the header included. A chunk's priority is the earliest read of
-it or of any later chunk of its shard, so a shard's chunks are fetched front to back and its hash never waits long.
+Design: each remote SOURCE shard is cut into pieces at its tensors' edges (small tensors together, up to
+PIECE_MIN_BYTES) and at every `grid` bytes (chunk_bytes: CHUNK_BYTES, fewer with a small budget); one ranged GET
+fetches the queued pieces of one grid cell together, so a shard's first pass is one GET per `grid` bytes.
+`connections` workers (--connections) take them in the order the conversion consumes their bytes (the plan's
+reads), so many connections, on one shard and across shards, fill a link that one connection cannot. Each shard's
+sha256 is computed over its contiguous prefix as pieces land (in file order) and compared with the Hub's own record
+(the LFS sha256) at its end: the check covers every byte, the header included. A piece's priority is the earliest
+read of it or of any later piece of its shard, so a shard is fetched front to back and its hash never waits long.
 
-Memory: chunks received are held (at most `cap` bytes, in flight included) until hashed and read by every planned
-read. With no room, a held chunk needed later than the next one is dropped, its blake2b kept; fetched again, its
-bytes must match that hash, so every byte converted is a byte checked. An output shard converted from a source
-shard not yet verified is written but recorded as finished only once every source shard it read is verified; a
-mismatch stops the run naming the shard and deletes those outputs.
+Memory: pieces received are held (at most `cap` bytes, in flight included; anonymous mappings, returned to the
+system as each is released) until hashed and read by every planned read. The conversion reads a shard's tensors
+in its own order, not in file order, so a shard arrives ahead of its reads: `cap` is what --max-memory leaves
+beside the conversion's own working set (budget.MemoryBudget.stream_bytes). With no room, fetching ahead waits;
+while a reader waits, the hashed piece needed last, if later than the next one, is dropped, its blake2b kept;
+fetched again (that piece's bytes only), they must match that hash, so every byte converted is a byte checked.
+`peak_need` (held plus dropped and needed again, at most) is what a cap without re-fetches takes. An output shard
+converted from a source shard not yet verified is written but recorded as finished only once every source shard it
+read is verified; a mismatch stops the run naming the shard and deletes those outputs.
 
 Large files on the Hub are stored elsewhere: the resolve URL answers 302 to a storage host with a signed URL that
 takes Range. Ranges go there directly, without the Hub token; a refused signed URL (expired) is resolved again.
 
-`stream_early` opens SRC and begins the streams (shards in index order, chunks kept within the cap) on a thread
+`stream_early` opens SRC and begins the streams (shards in index order, pieces kept within the cap) on a thread
 while the caller imports the converters (torch: seconds); the conversion's `open_streamed` takes that source over,
-and `start` then gives the chunks the plan's order and drops what the plan does not read."""
+and `start` then gives the pieces the plan's order and drops what the plan does not read."""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
 import heapq
+import mmap
 import os
 import re
 import threading
@@ -44,6 +52,7 @@ from .local import Source, open_source, summarized
 CONNECTIONS = 16  # ranged GETs at once (--connections): 16 x ~100 MB/s per connection fills a 1 GB/s link
 CHUNK_BYTES = 32 << 20  # bytes per ranged GET at most: long enough for a connection to reach its speed
 MIN_CHUNK_BYTES = 1 << 20  # ... and at least, however small the memory budget
+PIECE_MIN_BYTES = 1 << 20  # bytes held and dropped together at least (tensors smaller than this, with their neighbors)
 METADATA_THREADS = 8  # HEAD requests for the shards' LFS records at once
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")  # a file stored in git itself, not LFS: its etag is the git blob sha1
@@ -54,6 +63,18 @@ def chunk_bytes(cap: int, connections: int) -> int:
     """Bytes per ranged GET: CHUNK_BYTES, fewer where `connections` chunks in flight would take over half of the
     memory `cap`."""
     return max(MIN_CHUNK_BYTES, min(CHUNK_BYTES, cap // (2 * connections)))
+
+
+def piece_edges(ends: list[int], size: int, grid: int, least: int) -> list[int]:
+    """A shard's piece edges, from 0 to `size`: every `grid` bytes, and at each of `ends` (where the header and each
+    tensor end) that closes a piece of at least `least` bytes."""
+    edges = [0]
+    for e in sorted({*ends, size}):
+        while (nxt := edges[-1] // grid * grid + grid) < e:
+            edges.append(nxt)
+        if e > edges[-1] and (e - edges[-1] >= least or e == size or e % grid == 0):
+            edges.append(e)
+    return edges
 
 
 def check_stream_flags(src: str, offline: bool, revision: str | None) -> None:
@@ -69,14 +90,16 @@ def check_stream_flags(src: str, offline: bool, revision: str | None) -> None:
 
 
 class _Chunk:
-    """Bytes [start, end) of a remote shard and where they are: queued, fetching, held (`data`), or dropped."""
+    """A piece: bytes [start, end) of a remote shard and where they are: queued, fetching, held (`data`), or
+    dropped; `index`: its place in the shard's pieces, `cell`: its grid cell (one GET fetches a cell's pieces)."""
 
-    __slots__ = ("shard", "start", "end", "key", "reads", "data", "hashed", "digest", "users", "queued", "busy")
+    __slots__ = ("shard", "start", "end", "key", "index", "cell", "reads", "data", "hashed", "digest", "users",
+                 "queued", "busy")
 
-    def __init__(self, shard: "_Remote", start: int, end: int, key: tuple):
-        self.shard, self.start, self.end, self.key = shard, start, end, key
+    def __init__(self, shard: "_Remote", start: int, end: int, key: tuple, index: int, cell: int):
+        self.shard, self.start, self.end, self.key, self.index, self.cell = shard, start, end, key, index, cell
         self.reads: collections.deque[int] | None = None  # planned reads (their index) not made yet; None: no plan
-        self.data: bytearray | None = None
+        self.data: mmap.mmap | None = None
         self.hashed = False  # the shard's sha256 has taken these bytes
         self.digest: bytes | None = None  # blake2b of the bytes first received, once they were dropped
         self.users = 0  # readers and the hasher copying from `data`
@@ -89,13 +112,14 @@ class _Chunk:
 
 
 class _Remote:
-    """One source shard on the Hub: its chunks, and its sha256 over the prefix received so far."""
+    """One source shard on the Hub: its pieces, and its sha256 over the prefix received so far."""
 
     def __init__(self, rel: str, url: str, size: int, etag: str, location: str, order: int):
         self.rel, self.url, self.size, self.etag, self.order = rel, url, size, etag, order
         self.direct = _elsewhere(url, location)  # a storage host's signed URL the Hub redirects to, or None
-        self.chunks: list[_Chunk] = []
-        self.next = 0  # the first chunk not hashed yet
+        self.chunks: list[_Chunk] = []  # its pieces, in file order
+        self.starts: list[int] = []  # where each piece starts
+        self.next = 0  # the first piece not hashed yet
         self.hashing = False
         self.sha256 = hashlib.sha256()
         self.git = hashlib.sha1(b"blob %d\0" % size) if len(etag) == 40 else None
@@ -116,7 +140,7 @@ _EARLY: dict[tuple[str, str | None], Future] = {}  # stream_early's sources, unt
 
 def stream_early(spec: str, revision: str | None, cap: int, connections: int = CONNECTIONS) -> None:
     """Open SRC `spec` and begin its streams on a thread now (`connections` at once, holding at most `cap` bytes of
-    chunks); the next
+    pieces); the next
     `open_streamed(spec, revision)` returns that source (or raises its error). Streams begun already for SRC are
     kept (a caller began them before convert(), which begins them too)."""
     if (spec, revision) in _EARLY:
@@ -187,8 +211,8 @@ def _same_header(head: bytes, planned, size: int, where: str) -> None:
 
 
 class StreamedSource(Source):
-    """A Source whose shards in `remote` are read from the Hub in chunks (local shards as usual). `start` begins
-    the fetches, `read`/`read_range` take bytes from the chunks, `verified` waits for every sha256."""
+    """A Source whose shards in `remote` are read from the Hub in pieces (local shards as usual). `start` begins
+    the fetches, `read`/`read_range` take bytes from the pieces, `verified` waits for every sha256."""
 
     def attach(self) -> None:
         """Read each remote shard's LFS record (sha256, size, where it is stored) from the Hub; all problems at
@@ -222,17 +246,21 @@ class StreamedSource(Source):
             raise ValidationError(summarized(problems, "shard records could not be read from the Hub"))
         self._shards: dict[str, _Remote] = {rel: r for rel, (r, _) in got.items()}
         self._cv = threading.Condition()
-        self._queue: list[tuple[tuple, int, _Chunk]] = []  # heap: (key, tie, chunk) of chunks to fetch
+        self._queue: list[tuple[tuple, int, _Chunk]] = []  # heap: (key, tie, piece) of pieces to fetch
         self._tie = 0
-        self._held = self._cap = 0  # bytes of chunks held or in flight, and at most
+        self._held = self._cap = 0  # bytes of pieces held or in flight, and at most
+        self._holding: set[_Chunk] = set()  # pieces held
+        self._dropped = 0  # bytes of pieces dropped and not fetched again yet
         self._fetching = 0
-        self._waiting: collections.Counter[_Chunk] = collections.Counter()  # chunks readers wait for
+        self._waiting: collections.Counter[_Chunk] = collections.Counter()  # pieces readers wait for
         self._sha: dict[str, str] = {}  # verified shards
         self._pending: list[tuple[set[str], Path, Callable[[], None]]] = []
         self._error: BaseException | None = None
         self._closed = self._started = self._early = False
         self._on_verified: Callable[[str, str], None] = lambda rel, sha: None
-        self.fetched = 0  # bytes received from the Hub, over all chunks and re-reads
+        self.fetched = 0  # bytes received from the Hub, over all pieces and re-reads
+        self.peak_held = 0  # bytes held or in flight at most
+        self.peak_need = 0  # ... and with the bytes dropped to stay within the cap: a cap that re-fetches nothing
         self.connections = CONNECTIONS
         for rel in self.remote:  # no local file: the identity of a Hub file at a pinned commit is its size
             self.identities[rel] = FileRecord(self._shards[rel].size, None, mtime_ns=0, ctime_ns=0, inode=0, dev=0)
@@ -260,7 +288,7 @@ class StreamedSource(Source):
               on_verified: Callable[[str, str], None], connections: int | None = None) -> None:
         """Begin fetching. `reads`: (tensor, bytes) the conversion will read, in its order (a tensor read in
         parts is read front to back); `carried`: the sha256 an earlier run verified (--resume); `cap`: bytes of
-        chunks held at once; `on_verified(rel, sha256)` as each shard is verified; `connections`: ranged GETs at
+        pieces held at once; `on_verified(rel, sha256)` as each shard is verified; `connections`: ranged GETs at
         once. A shard none of whose tensors is read and whose sha256 was verified before is not fetched at all."""
         touched = {self.weight_map[n] for n, _ in reads} & set(self._shards)
         with self._cv:
@@ -287,16 +315,20 @@ class StreamedSource(Source):
             on_verified(rel, sha)
 
     def _start_early(self, cap: int, connections: int) -> None:
-        """Begin fetching before the plan is known: shards in index order, every chunk kept within `cap`."""
+        """Begin fetching before the plan is known: shards in index order, every piece kept within `cap`."""
         with self._cv:
             self._cap, self._early, self.connections = cap, True, connections
             for shard in self._shards.values():
                 self._cut(shard, chunk_bytes(cap, connections))
         self._spawn()
 
-    def _cut(self, shard: _Remote, size: int) -> None:
-        shard.chunks = [_Chunk(shard, a, min(a + size, shard.size), (shard.order, a))
-                        for a in range(0, shard.size, size)]
+    def _cut(self, shard: _Remote, grid: int) -> None:
+        header = self.headers[shard.rel]
+        ends = [header.data_start, *(t.end for t in header.tensors.values())]
+        edges = piece_edges(ends, shard.size, grid, min(PIECE_MIN_BYTES, grid))
+        shard.chunks = [_Chunk(shard, a, b, (shard.order, a), i, a // grid)
+                        for i, (a, b) in enumerate(zip(edges, edges[1:]))]
+        shard.starts = edges[:-1]
         for c in shard.chunks:
             self._push(c)
 
@@ -306,8 +338,8 @@ class StreamedSource(Source):
         heapq.heappush(self._queue, (c.key, self._tie, c))
 
     def _plan(self, reads: list[tuple[str, int]]) -> None:
-        """Give each chunk the planned reads of its bytes and a priority: the earliest read of it or of a later
-        chunk of its shard (so the shard's hash runs front to back); drop what the plan does not read."""
+        """Give each piece the planned reads of its bytes and a priority: the earliest read of it or of a later
+        piece of its shard (so the shard's hash runs front to back); drop what the plan does not read."""
         at: dict[str, int] = {}  # a tensor read in parts: where its next part starts
         for c in (c for s in self._shards.values() for c in s.chunks):
             c.reads = collections.deque()
@@ -335,8 +367,8 @@ class StreamedSource(Source):
 
     @staticmethod
     def _covering(shard: _Remote, lo: int, hi: int) -> list[_Chunk]:
-        size = shard.chunks[0].size
-        return shard.chunks[lo // size:(max(hi, lo + 1) - 1) // size + 1]
+        first = bisect.bisect_right(shard.starts, lo) - 1
+        return shard.chunks[first:max(bisect.bisect_left(shard.starts, hi), first + 1)]
 
     def _spawn(self) -> None:
         for i in range(self.connections):
@@ -347,22 +379,22 @@ class StreamedSource(Source):
     def _worker(self) -> None:
         while True:
             with self._cv:
-                c = self._next()
-                if c is None:
+                run = self._next()
+                if run is None:
                     return
             try:
-                data = self._fetch(c)
+                data = self._fetch(run)
             except Stop:
                 return
             except BaseException as e:  # noqa: BLE001 - handed to every reader and to `verified`
                 self._fail(e)
                 return
-            self._arrived(c, data)
+            self._arrived(run, data)
 
-    def _next(self) -> _Chunk | None:
-        """The next chunk to fetch (under the lock): the queue's first, when it fits within the cap (chunks
-        needed later dropped to make room), or when readers wait and nothing else is in flight; None once
-        closed."""
+    def _next(self) -> list[_Chunk] | None:
+        """The next pieces to fetch with one GET (under the lock): the queue's first, when it fits within the cap
+        (pieces needed later dropped to make room) or when readers wait and nothing else is in flight, and the
+        queued pieces after it in its grid cell that fit as well; None once closed."""
         while not self._closed:
             while self._queue and not self._queue[0][2].queued:
                 heapq.heappop(self._queue)  # fetched already under an earlier key
@@ -370,80 +402,112 @@ class StreamedSource(Source):
                 c = self._queue[0][2]
                 if self._fits(c) or (self._waiting and not self._fetching):
                     heapq.heappop(self._queue)
-                    c.queued, c.busy = False, True
-                    self._held += c.size
+                    run = [c]
+                    for d in c.shard.chunks[c.index + 1:]:
+                        if (d.cell != c.cell or not d.queued or d.busy or d.data is not None
+                                or self._held + sum(x.size for x in run) + d.size > self._cap):
+                            break
+                        run.append(d)
+                    for d in run:
+                        d.queued, d.busy = False, True
+                        self._held += d.size
                     self._fetching += 1
-                    return c
+                    self._peak()
+                    return run
             self._cv.wait()
         return None
 
+    def _peak(self) -> None:
+        self.peak_held = max(self.peak_held, self._held)
+        self.peak_need = max(self.peak_need, self._held + self._dropped)
+
     def _fits(self, c: _Chunk) -> bool:
-        """Whether `c` fits within the cap, dropping held chunks needed later than `c` (latest first)."""
+        """Whether `c` fits within the cap, dropping held pieces needed later than `c` (latest first) while a reader
+        waits: a fetch ahead of the readers waits for room instead (what it would drop is fetched again). Only hashed
+        pieces: one dropped before the hash took it would stall its shard's hash, and every piece after it, until
+        fetched again."""
         if self._held + c.size <= self._cap:
             return True
-        if c.reads is None:
-            return False  # before the plan: every chunk may be read
-        later = sorted((h for s in self._shards.values() for h in s.chunks
-                        if h.data is not None and not h.users and self._need(h) > c.key[0]),
+        if c.reads is None or not self._waiting:
+            return False  # before the plan: every piece may be read
+        later = sorted((h for h in self._holding if h.hashed and not h.users and self._need(h) > c.key[0]),
                        key=self._need, reverse=True)
         for h in later:
             h.digest = hashlib.blake2b(h.data, digest_size=32).digest()  # the bytes fetched again must match it
-            h.data = None
-            self._held -= h.size
+            self._drop(h)
+            self._dropped += h.size
             self._push_again(h)
             if self._held + c.size <= self._cap:
                 return True
         return False
 
+    def _drop(self, c: _Chunk) -> None:
+        """Let go of `c`'s bytes (under the lock)."""
+        c.data = None
+        self._held -= c.size
+        self._holding.discard(c)
+
     @staticmethod
     def _need(c: _Chunk) -> float:
-        """When the conversion or the hash next needs chunk `c`: its next planned read, else its priority."""
+        """When the conversion or the hash next needs piece `c`: its next planned read, else its priority."""
         return c.reads[0] if c.reads else c.key[0]
 
     def _push_again(self, c: _Chunk) -> None:
         c.key = (self._need(c), c.shard.order, c.start)
         self._push(c)
 
-    def _fetch(self, c: _Chunk) -> bytearray:
-        """Chunk `c`'s bytes from the Hub (from its storage host, without the Hub's token, where it redirects)."""
-        shard = c.shard
-        buf, at = bytearray(c.size), 0
+    def _fetch(self, run: list[_Chunk]) -> list[mmap.mmap]:
+        """The bytes of the consecutive pieces `run` from the Hub, with one GET (from the shard's storage host,
+        without the Hub's token, where it redirects), each piece into an anonymous mapping of its own."""
+        shard = run[0].shard
+        bufs = [mmap.mmap(-1, c.size) for c in run]
+        at, piece, into = 0, 0, 0  # bytes received; the piece being filled, and bytes into it
 
         def sink(view: memoryview) -> None:
-            nonlocal at
+            nonlocal at, piece, into
             if self._closed:
                 raise Stop
-            buf[at:at + len(view)] = view
             at += len(view)
+            while view:
+                n = min(len(view), run[piece].size - into)
+                bufs[piece][into:into + n] = view[:n]
+                view, into = view[n:], into + n
+                if into == run[piece].size:
+                    piece, into = piece + 1, 0
 
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
-        direct = shard.direct
+        direct, start, end = shard.direct, run[0].start, run[-1].end
         try:
-            read_range(direct or shard.url, c.start, c.end, sink, token=False if direct else None, where=where)
+            read_range(direct or shard.url, start, end, sink, token=False if direct else None, where=where)
         except InputError:
             if direct is None:
                 raise
             # a signed URL lasts hours: refused, it is asked of the Hub again, once
             shard.direct = _elsewhere(shard.url, _metadata(shard.url).location) or shard.direct
-            read_range(shard.direct, c.start + at, c.end, sink, token=False, where=where)
-        return buf
+            read_range(shard.direct, start + at, end, sink, token=False, where=where)
+        return bufs
 
-    def _arrived(self, c: _Chunk, data: bytearray) -> None:
-        shard = c.shard
+    def _arrived(self, run: list[_Chunk], data: list[mmap.mmap]) -> None:
+        shard = run[0].shard
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
-        if c.digest is not None and hashlib.blake2b(data, digest_size=32).digest() != c.digest:
-            self._fail(InputError(f"{where}: bytes {c.start}-{c.end - 1} read again differ from the bytes read "
-                                  "before; the file changed on the server: run again"))
-            return
+        for c, buf in zip(run, data, strict=True):
+            if c.digest is not None and hashlib.blake2b(buf, digest_size=32).digest() != c.digest:
+                self._fail(InputError(f"{where}: bytes {c.start}-{c.end - 1} read again differ from the bytes read "
+                                      "before; the file changed on the server: run again"))
+                return
         with self._cv:
-            self.fetched += c.size
             self._fetching -= 1
-            c.busy, c.data, c.digest = False, data, None
+            for c, buf in zip(run, data, strict=True):
+                self.fetched += c.size
+                if c.digest is not None:
+                    self._dropped -= c.size
+                c.busy, c.data, c.digest = False, buf, None
+                self._holding.add(c)
             self._cv.notify_all()
         self._hash(shard)
 
     def _hash(self, shard: _Remote) -> None:
-        """Take the shard's chunks received in file order into its sha256; one thread at a time per shard."""
+        """Take the shard's pieces received in file order into its sha256; one thread at a time per shard."""
         while True:
             with self._cv:
                 c = shard.chunks[shard.next] if shard.next < len(shard.chunks) else None
@@ -486,8 +550,7 @@ class StreamedSource(Source):
     def _release(self, c: _Chunk) -> None:
         """Drop `c`'s bytes once hashed and read by every planned read (under the lock)."""
         if c.data is not None and c.hashed and c.reads is not None and not c.reads and not c.users:
-            c.data = None
-            self._held -= c.size
+            self._drop(c)
 
     def _check(self, shard: _Remote) -> None:
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
@@ -559,7 +622,7 @@ class StreamedSource(Source):
     # -- tensors -----------------------------------------------------------------------------------------------
 
     def _take(self, name: str, start: int, end: int, out=None):
-        """Bytes [start, end) of remote tensor `name` (uint8, into `out` where given), from the chunks that hold
+        """Bytes [start, end) of remote tensor `name` (uint8, into `out` where given), from the pieces that hold
         them: waiting for each (first in the queue while a reader waits), fetched again where it was dropped."""
         import torch
 
