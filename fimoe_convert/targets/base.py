@@ -15,7 +15,7 @@ from ..errors import CorruptTensorError
 from ..kernels import Kernel
 from ..numerics import find_nan_scales
 from ..plan import Unit, ep_ranges
-from ..records import EpRecord, TargetRecord
+from ..records import Block, EpRecord, TargetRecord
 from .rules import TargetOptions, target_record, validate
 
 
@@ -72,7 +72,7 @@ class Target(ABC):
         """One report from `report`s of disjoint sets of units, given in output order."""
         return {}
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         """The manifest's `layers`: what the runtime needs to rebuild each block's objects."""
         return {}
 

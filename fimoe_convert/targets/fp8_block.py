@@ -27,6 +27,7 @@ from ..dtypes import FP4_GROUP
 from ..errors import LossyRepackError
 from ..numerics.fp8 import EXACT_SPAN, e8m0_to_f32, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
+from ..records import Block, DenseLayout
 from .base import Target, check_scales
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
@@ -165,11 +166,12 @@ class Fp8BlockTarget(Target):
             total.examples += rep["lossy_examples"][:MAX_EXAMPLES - len(total.examples)]
         return {"fp8_block": total.to_json()}
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         rows, cols = self.model.weight_block_size
-        return {block: {"format": "fp8_block", "tensors": f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.{{weight,scale}}",
-                        "weight_dtype": "F8_E4M3", "scale_dtype": self.scale_dtype,
-                        "block": [rows, cols], "experts": [0, self.model.n_routed_experts]}
+        pattern = "{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.{{weight,scale}}"
+        return {block: DenseLayout(format="fp8_block", tensors=pattern.format(block=block),
+                                   weight_dtype="F8_E4M3", scale_dtype=self.scale_dtype, block=(rows, cols),
+                                   experts=(0, self.model.n_routed_experts))
                 for block in self.model.moe_blocks}
 
     def update_config(self, config: dict) -> dict:

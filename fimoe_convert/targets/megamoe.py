@@ -19,6 +19,7 @@ from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
 from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
+from ..records import Block, RankLayer, TensorNode, TupleNode
 from .base import Target, check_scales, kernel_target_config, prefix
 
 LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
@@ -163,15 +164,17 @@ class MegaMoeTarget(Target):
     def merge_reports(self, parts: list[dict]) -> dict:
         return _window_json([WindowReport(**p["mxfp4_window"]) for p in parts if "mxfp4_window" in p])
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         shapes = _tile_shapes(self.model.hidden_size, self.model.moe_intermediate_size)
         rec: dict[str, dict] = {}
         for block in self.model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
                 pre, e = prefix(block, rank), hi - lo
-                leaves = [{"tensor": f"{pre}.{leg}.{slot}", "dtype": "uint8" if slot == "weight" else "float32",
-                           "shape": [e, *shapes[leg]] if slot == "weight" else [e]} for leg, slot in STRUCTURE]
-                rec.setdefault(block, {})[str(rank)] = {"experts": [lo, hi], "structure": {"tuple": leaves}}
+                leaves = tuple(TensorNode(tensor=f"{pre}.{leg}.{slot}",
+                                          dtype="uint8" if slot == "weight" else "float32",
+                                          shape=(e, *shapes[leg]) if slot == "weight" else (e,))
+                               for leg, slot in STRUCTURE)
+                rec.setdefault(block, {})[str(rank)] = RankLayer(experts=(lo, hi), structure=TupleNode(leaves))
         return rec
 
     def update_config(self, config: dict) -> dict:
