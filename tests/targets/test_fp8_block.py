@@ -139,7 +139,7 @@ def test_everything_else_is_copied_and_config_drops_expert_dtype(tiny_ckpt, fp8_
     assert "expert_dtype" not in after
     assert after == {k: v for k, v in before.items() if k != "expert_dtype"}
     m = read_manifest(out, require_complete=True)
-    assert m.target.name == "fp8_block" and m.layers["layers.0"]["scale_dtype"] == "F8_E8M0"
+    assert m.target.name == "fp8_block" and m.layers["layers.0"].scale_dtype == "F8_E8M0"
     assert m.report["fp8_block"]["lossy_tiles"] == 0
     assert verify(str(out), deep=True, src=str(tiny_ckpt)).problems == []
 
