@@ -294,6 +294,49 @@ class Status(enum.StrEnum):
 
 
 @dataclass
+class Fp8BlockReport(Record):
+    """fp8_block's report: the expert matrices converted, their weight_block_size tiles, the lossy ones (only with
+    --allow-lossy) with the worst error of a value, dequantized, and the first lossy tiles by name."""
+
+    tensors: Count = 0
+    tiles: Count = 0
+    lossy_tiles: Count = 0
+    lossy_tensors: Count = 0
+    worst_abs_err: float = 0.0  # largest |FP8 - FP4| of a value
+    worst_rel_err: float = 0.0
+    examples: list[str] = field(default_factory=list, metadata=key("lossy_examples"))  # "tensor tile (r, c)"
+
+
+@dataclass
+class WindowReport(Record):
+    """megamoe's report on the MXFP4 scale window: the scale groups with nonzero codes, those whose scale had to
+    leave its exact value, the experts they are in, and the worst relative L2 error of one expert matrix."""
+
+    groups: Count = 0
+    clamped_groups: Count = 0
+    lossy_experts: Count = 0
+    worst_rel_l2: float = 0.0
+
+    def merge(self, other: WindowReport) -> None:
+        self.groups += other.groups
+        self.clamped_groups += other.clamped_groups
+        self.worst_rel_l2 = max(self.worst_rel_l2, other.worst_rel_l2)
+        self.lossy_experts += other.lossy_experts
+
+
+@dataclass(frozen=True)
+class TargetReport(Record):
+    """What a target found worth reporting on the units it converted, per output shard and merged (false, written
+    as {}: nothing)."""
+
+    fp8_block: Fp8BlockReport | None = field(default=None, metadata=OMIT_NONE)
+    mxfp4_window: WindowReport | None = field(default=None, metadata=OMIT_NONE)
+
+    def __bool__(self) -> bool:
+        return self.fp8_block is not None or self.mxfp4_window is not None
+
+
+@dataclass
 class FileRecord(Record):
     """A file: its size and sha256 (None until hashed: an input of a run in progress); for an input while the run
     is in progress also its identity (mtime_ns, inode, dev, ctime_ns), so that --resume knows an unchanged file
@@ -301,7 +344,7 @@ class FileRecord(Record):
 
     size: Count
     sha256: Sha256 | None
-    report: dict = field(default_factory=dict, metadata=OMIT_EMPTY)
+    report: TargetReport = field(default_factory=TargetReport, metadata=OMIT_EMPTY)
     mtime_ns: Annotated[int | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
     inode: Annotated[Count | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
     dev: Annotated[Count | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
@@ -488,7 +531,7 @@ class Manifest(Record):
     files: dict[str, OutFile]
     status: dict[str, Status]
     complete: Annotated[bool | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
-    report: Annotated[dict | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
+    report: Annotated[TargetReport | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
     out_dir: Path | None = field(default=None, compare=False, metadata=INTERNAL)
 
     @property
@@ -622,7 +665,7 @@ class ConvertResult(Record):
     dry_run: bool = False
     free_disk: int | None = None
     plan: list[PlanRow] = field(default_factory=list)
-    report: dict = field(default_factory=dict)
+    report: TargetReport = field(default_factory=TargetReport)
     device_peak_bytes: int | None = None  # on CUDA: the most device memory allocated at once
     estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
     # SRC's files named like the tool's own (fimoe-manifest.json, ...): neither read nor copied into OUT
@@ -693,7 +736,7 @@ class OutputInfo(Record):
     tool: Tool
     files: int
     bytes: int
-    report: dict
+    report: TargetReport
     converted: bool = True
 
 
