@@ -6,7 +6,10 @@ One strict reader and one writer serve them all, derived from the dataclass fiel
 annotation) says what a JSON value must be, `Annotated[int, NONNEG]` or `Annotated[str, SHA256]` a limit, a default
 that the key may be missing, `key=` (field metadata) a JSON key that is no Python name, `omit=` when the key is left
 out. Whatever does not fit (a wrong type, a limit, a missing key, a key the record does not have) is one InputError
-`{file}: {field} is {value}; expected {what}; {fix}`."""
+`{file}: {field} is {value}; expected {what}; {fix}`. A union of records is read as the first whose required keys
+the object has (a structure's nodes); `Annotated[X, CONTAINED]` keeps a part that does not read as a Damaged value
+(its problem and its JSON, written back as it was), so that one damaged block of `layers` is one problem of verify
+and a refusal of the loader for that block, not a manifest that cannot be read."""
 
 from __future__ import annotations
 
