@@ -11,7 +11,7 @@ from .files.output.manifest import has_manifest, read_manifest
 from .files.sources.local import open_source, resolve_source_root
 from .kernels import KERNELS
 from .options import parse_arch
-from .records import CheckpointInfo, Origin, OutputInfo, TargetRow
+from .records import CheckpointInfo, Origin, OutputInfo, TargetReport, TargetRow
 from .targets import TargetOptions, availability, validate
 
 
@@ -47,7 +47,8 @@ def describe_output(src: str, root: Path) -> OutputInfo:
     m = read_manifest(root)
     return OutputInfo(source=src, root=str(root), complete=m.complete is True, target=m.target, ep_size=m.ep_size,
                       model=m.model, origin=Origin(m.source.spec, m.source.repo_id, m.source.revision), tool=m.tool,
-                      files=len(m.files), bytes=sum(f.size for f in m.files.values()), report=m.report or {})
+                      files=len(m.files), bytes=sum(f.size for f in m.files.values()),
+                      report=m.report or TargetReport())
 
 
 def list_targets() -> list[TargetRow]:

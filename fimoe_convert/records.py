@@ -6,7 +6,10 @@ One strict reader and one writer serve them all, derived from the dataclass fiel
 annotation) says what a JSON value must be, `Annotated[int, NONNEG]` or `Annotated[str, SHA256]` a limit, a default
 that the key may be missing, `key=` (field metadata) a JSON key that is no Python name, `omit=` when the key is left
 out. Whatever does not fit (a wrong type, a limit, a missing key, a key the record does not have) is one InputError
-`{file}: {field} is {value}; expected {what}; {fix}`."""
+`{file}: {field} is {value}; expected {what}; {fix}`. A union of records is read as the first whose required keys
+the object has (a structure's nodes); `Annotated[X, CONTAINED]` keeps a part that does not read as a Damaged value
+(its problem and its JSON, written back as it was), so that one damaged block of `layers` is one problem of verify
+and a refusal of the loader for that block, not a manifest that cannot be read."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ _INT = Kind("an integer", lambda v: type(v) is int)
 _BOOL = Kind("true or false", lambda v: type(v) is bool)
 _OBJ = Kind("an object", lambda v: isinstance(v, dict))
 _LIST = Kind("a list", lambda v: isinstance(v, list))
-_SCALARS = {str: _STR, int: _INT, bool: _BOOL}
+_FLOAT = Kind("a number", lambda v: type(v) in (int, float))
+_SCALARS = {str: _STR, int: _INT, bool: _BOOL, float: _FLOAT}
 
 
 class With:
@@ -61,6 +65,18 @@ NOT_NULL = "not null"  # Annotated[X | None, NOT_NULL]: the key may be missing (
 OMIT_NONE = {"omit": "none"}  # field metadata: the key is left out while the value is None
 OMIT_EMPTY = {"omit": "empty"}  # ... while the value is empty (or None)
 INTERNAL = {"internal": True}  # not part of the JSON
+# Annotated[X, CONTAINED]: a value that does not read as X is a Damaged (its problem, its JSON as it was), not an
+# error of the whole file: the rest of the file is still used, and every such part is reported at once
+CONTAINED = "contained"
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A CONTAINED value that did not read: why (`problem`, its path from the value itself), and its JSON as it
+    was, written back unchanged."""
+
+    problem: str
+    raw: Any
 
 
 def shown(value) -> str:
@@ -85,22 +101,32 @@ class Reader:
     """Reads parsed JSON into records; the first value that does not fit is an InputError naming the file
     (`where`) and the field, ending with `fix`."""
 
-    def __init__(self, where: str, fix: str | None = None):
+    def __init__(self, where: str | None, fix: str | None = None):
         self.where, self.fix = where, fix
 
     def wrong(self, path: str, seen: str, expected: str) -> InputError:
-        return InputError(f"{self.where}: {path or 'the file'} is {seen}; expected {expected}"
+        what = f"{path or ('the file' if self.where is not None else 'the record')} is {seen}; expected {expected}"
+        return InputError((f"{self.where}: {what}" if self.where is not None else what)
                           + (f"; {self.fix}" if self.fix else ""))
 
     def read(self, tp, value, path: str = ""):
-        """`value` read as the type `tp` (a record, a container of them, or a scalar)."""
+        """`value` read as the type `tp` (a record, a container of them, a union of records told apart by their
+        keys, or a scalar)."""
         tp, metas = _unwrap(tp)
+        if CONTAINED in metas:  # read on its own: its paths start at the value, its problem is kept
+            try:
+                rest = tuple(m for m in metas if m != CONTAINED)
+                return Reader(None).read(Annotated[(tp, *rest)] if rest else tp, value)
+            except InputError as e:
+                return Damaged(str(e), value)
         nullable = False
         if _is_optional(tp):
             if value is None and NOT_NULL not in metas:
                 return None
             tp, more = _unwrap(next(a for a in typing.get_args(tp) if a is not type(None)))
             metas, nullable = metas + more, NOT_NULL not in metas
+        if _is_union(tp):
+            return self.read(self.member(tp, value, path), value, path)
         kind = _kind(tp, metas)
         if not kind.test(value):
             raise self.wrong(path, shown(value), kind.expected + (" or null" if nullable else ""))
@@ -119,6 +145,22 @@ class Reader:
         if isinstance(tp, type) and issubclass(tp, enum.Enum):
             return tp(value)
         return value
+
+    def member(self, tp, value, path: str):
+        """The member of the union `tp` that `value` is: the first record whose required keys the object has (then
+        read strictly: a key it does not have is named), else the first other member whose kind fits."""
+        members = typing.get_args(tp)
+        if isinstance(value, dict):
+            for m in members:
+                if is_dataclass(m) and all(k in value for k in _fields(m).required):
+                    return m
+        for m in members:
+            if not is_dataclass(m) and _kind(*_unwrap(m)).test(value):
+                return m
+        records = [", ".join(_fields(m).required) for m in members if is_dataclass(m)]
+        others = [_expected(m) for m in members if not is_dataclass(m)]
+        raise self.wrong(path, shown(value), " or ".join(
+            ([f"an object with the keys {' | '.join(records)}"] if records else []) + others))
 
     def record(self, cls: type, value: dict, path: str, *, overrides: dict | None = None):
         """The record `cls` from the object `value` (its type checked by the caller)."""
@@ -147,6 +189,10 @@ def _unwrap(tp) -> tuple[Any, tuple]:
 
 def _is_optional(tp) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _is_union(tp) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
 def _kind(tp, metas: tuple) -> Kind:
@@ -178,6 +224,7 @@ def _expected(tp) -> str:
 class _Spec:
     items: tuple  # (attribute, JSON key, type, default or MISSING) per field, in reading order
     keys: tuple
+    required: tuple  # the keys without a default
 
 
 @functools.cache
@@ -189,7 +236,7 @@ def _fields(cls: type) -> _Spec:
             continue
         has_default = f.default is not MISSING or f.default_factory is not MISSING
         items.append((f.name, f.metadata.get("key", f.name), hints[f.name], None if has_default else MISSING))
-    return _Spec(tuple(items), tuple(k for _, k, _, _ in items))
+    return _Spec(tuple(items), tuple(k for _, k, _, _ in items), tuple(k for _, k, _, d in items if d is MISSING))
 
 
 def read_record(cls: type, value, where: str, fix: str | None = None):
@@ -198,7 +245,10 @@ def read_record(cls: type, value, where: str, fix: str | None = None):
 
 
 def to_json(value):
-    """The JSON value of a record (or of a container of them): fields by their keys, `omit` honoured."""
+    """The JSON value of a record (or of a container of them): fields by their keys, `omit` honoured; a Damaged
+    part as it was read."""
+    if isinstance(value, Damaged):
+        return value.raw
     if is_dataclass(value) and not isinstance(value, type):
         out = {}
         for f in fields(value):
@@ -247,6 +297,49 @@ class Status(enum.StrEnum):
 
 
 @dataclass
+class Fp8BlockReport(Record):
+    """fp8_block's report: the expert matrices converted, their weight_block_size tiles, the lossy ones (only with
+    --allow-lossy) with the worst error of a value, dequantized, and the first lossy tiles by name."""
+
+    tensors: Count = 0
+    tiles: Count = 0
+    lossy_tiles: Count = 0
+    lossy_tensors: Count = 0
+    worst_abs_err: float = 0.0  # largest |FP8 - FP4| of a value
+    worst_rel_err: float = 0.0
+    examples: list[str] = field(default_factory=list, metadata=key("lossy_examples"))  # "tensor tile (r, c)"
+
+
+@dataclass
+class WindowReport(Record):
+    """megamoe's report on the MXFP4 scale window: the scale groups with nonzero codes, those whose scale had to
+    leave its exact value, the experts they are in, and the worst relative L2 error of one expert matrix."""
+
+    groups: Count = 0
+    clamped_groups: Count = 0
+    lossy_experts: Count = 0
+    worst_rel_l2: float = 0.0
+
+    def merge(self, other: WindowReport) -> None:
+        self.groups += other.groups
+        self.clamped_groups += other.clamped_groups
+        self.worst_rel_l2 = max(self.worst_rel_l2, other.worst_rel_l2)
+        self.lossy_experts += other.lossy_experts
+
+
+@dataclass(frozen=True)
+class TargetReport(Record):
+    """What a target found worth reporting on the units it converted, per output shard and merged (false, written
+    as {}: nothing)."""
+
+    fp8_block: Fp8BlockReport | None = field(default=None, metadata=OMIT_NONE)
+    mxfp4_window: WindowReport | None = field(default=None, metadata=OMIT_NONE)
+
+    def __bool__(self) -> bool:
+        return self.fp8_block is not None or self.mxfp4_window is not None
+
+
+@dataclass
 class FileRecord(Record):
     """A file: its size and sha256 (None until hashed: an input of a run in progress); for an input while the run
     is in progress also its identity (mtime_ns, inode, dev, ctime_ns), so that --resume knows an unchanged file
@@ -254,7 +347,7 @@ class FileRecord(Record):
 
     size: Count
     sha256: Sha256 | None
-    report: dict = field(default_factory=dict, metadata=OMIT_EMPTY)
+    report: TargetReport = field(default_factory=TargetReport, metadata=OMIT_EMPTY)
     mtime_ns: Annotated[int | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
     inode: Annotated[Count | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
     dev: Annotated[Count | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
@@ -346,6 +439,83 @@ class Geometry(Record):
     moe_blocks: Count
 
 
+# ------------------------------------------------------------------------ the layers: what the runtime rebuilds
+# A FlashInfer object as stored: nested nodes, each one of these records (told apart by their keys). What a node may
+# name (the kernel's classes, known dtypes, bytes the shards hold) is numerics/structure_check.py's to say.
+
+MAX_DIM = 2**40  # elements along one dimension, and a stride: larger is not a tensor this tool writes
+Dim = Annotated[int, Kind(f"an integer 0..{MAX_DIM}", lambda v: type(v) is int and 0 <= v <= MAX_DIM)]
+
+
+@dataclass(frozen=True)
+class NoneNode(Record):
+    none: bool  # true: an empty slot (None)
+
+
+@dataclass(frozen=True)
+class TupleNode(Record):
+    items: tuple[Node, ...] = field(metadata=key("tuple"))
+
+
+@dataclass(frozen=True)
+class ListNode(Record):
+    items: tuple[Node, ...] = field(metadata=key("list"))
+
+
+@dataclass(frozen=True)
+class ValueNode(Record):
+    value: int | bool | float | str  # a plain field of a dataclass
+
+
+@dataclass(frozen=True)
+class DataclassNode(Record):
+    dataclass: str  # "module:qualname"
+    fields: dict[str, Node]
+
+
+@dataclass(frozen=True)
+class TensorNode(Record):
+    """A stored tensor by name, its torch dtype and shape; `stride`: a view of the stored span."""
+
+    tensor: str
+    dtype: str
+    shape: tuple[Dim, ...]
+    stride: Annotated[tuple[Dim, ...] | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
+
+
+Node = NoneNode | TupleNode | ListNode | ValueNode | DataclassNode | TensorNode
+
+
+def read_node(value, where: str | None = None) -> Node:
+    """A structure's JSON as nodes (an InputError naming the node's path, from `structure`)."""
+    return Reader(where).read(Node, value, "structure")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankLayer(Record):
+    """A kernel target's block on one EP rank: its experts [first, last) and the object to rebuild."""
+
+    experts: tuple[Count, ...]
+    structure: Node
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenseLayout(Record):
+    """A dense target's block: its experts under their names (`tensors`, a pattern) and their formats."""
+
+    format: str
+    tensors: str
+    weight_dtype: Annotated[str | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
+    scale_dtype: Annotated[str | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
+    block: Annotated[tuple[Count, ...] | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
+    experts: tuple[Count, ...]
+
+
+# A block of `layers`: a dense target's layout, or a kernel target's {rank: its record}; a rank's record that does
+# not read is a Damaged (verify reports it with the others, the loader refuses that block and rank)
+Block = DenseLayout | dict[str, Annotated[RankLayer, CONTAINED]]
+
+
 @dataclass(kw_only=True)
 class Manifest(Record):
     """OUT's manifest. `model` is the checkpoint's geometry; `layers` what the runtime needs to
@@ -360,11 +530,11 @@ class Manifest(Record):
     source: SourceRecord
     target: TargetRecord
     ep: EpRecord
-    layers: dict[str, dict]
+    layers: dict[str, Block]
     files: dict[str, OutFile]
     status: dict[str, Status]
     complete: Annotated[bool | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
-    report: Annotated[dict | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
+    report: Annotated[TargetReport | None, NOT_NULL] = field(default=None, metadata=OMIT_NONE)
     out_dir: Path | None = field(default=None, compare=False, metadata=INTERNAL)
 
     @property
@@ -375,19 +545,22 @@ class Manifest(Record):
         """{shard: its record} of the shards recorded as written."""
         return {f: self.files.get(f) for f, st in self.status.items() if st == Status.WRITTEN}
 
-    def layer_record(self, layer: str, rank: int) -> dict:
-        """The `layers` record of MoE block `layer` and EP rank `rank` (an InputError naming what exists)."""
+    def layer_record(self, layer: str, rank: int) -> RankLayer:
+        """The `layers` record of MoE block `layer` and EP rank `rank` (an InputError naming what exists, or what is
+        damaged)."""
         where = self.out_dir if self.out_dir is not None else Path(".")
         if layer not in self.layers:
             known = ", ".join(list(self.layers)[:6])
             raise InputError(f"{where}: no MoE block {layer!r} in this output; blocks are {known}, ...")
         ranks = self.layers[layer]
+        if not isinstance(ranks, dict):
+            raise self.damaged(f"block {layer!r} rank {rank}: a dense layout where the target's ranks belong")
         if str(rank) not in ranks:
             raise InputError(f"{where}: rank {rank} not in this output, which was sharded for "
                              f"--ep-size {self.ep_size} (ranks 0..{self.ep_size - 1})")
         rec = ranks[str(rank)]
-        if not isinstance(rec, dict) or not isinstance(rec.get("structure"), dict):
-            raise self.damaged(f"layers[{layer!r}][{str(rank)!r}] has no structure object")
+        if isinstance(rec, Damaged):
+            raise self.damaged(f"block {layer!r} rank {rank}: {rec.problem}")
         return rec
 
     def damaged(self, what: str) -> InputError:
@@ -495,7 +668,7 @@ class ConvertResult(Record):
     dry_run: bool = False
     free_disk: int | None = None
     plan: list[PlanRow] = field(default_factory=list)
-    report: dict = field(default_factory=dict)
+    report: TargetReport = field(default_factory=TargetReport)
     device_peak_bytes: int | None = None  # on CUDA: the most device memory allocated at once
     estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
     # SRC's files named like the tool's own (fimoe-manifest.json, ...): neither read nor copied into OUT
@@ -574,7 +747,7 @@ class OutputInfo(Record):
     tool: Tool
     files: int
     bytes: int
-    report: dict
+    report: TargetReport
     converted: bool = True
 
 

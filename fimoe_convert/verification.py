@@ -22,7 +22,7 @@ from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
 from .plan import piece_rows, plan_shards, planned_tensors
-from .records import Manifest, VerifyResult
+from .records import Damaged, Manifest, VerifyResult
 from .targets import TargetOptions, get_kernel, make_target
 
 
@@ -135,11 +135,13 @@ def structure_problems(out_dir: Path, manifest: Manifest, facts: tuple | None = 
         return [str(e)]
     problems = []
     for layer, ranks in sorted(manifest.layers.items()):
+        if not isinstance(ranks, dict):
+            problems.append(f"{where}: block {layer[:80]!r}: a dense layout where the target's ranks belong; "
+                            f"{OUT_DAMAGED_HINT}")
+            continue
         for rank, rec in sorted(ranks.items()):
-            structure = rec.get("structure") if isinstance(rec, dict) else None
-            bad = structure_problem(structure, kernel.structure_classes, nbytes, dtypes, shards) \
-                if structure is not None else \
-                "no structure object"
+            bad = rec.problem if isinstance(rec, Damaged) else \
+                structure_problem(rec.structure, kernel.structure_classes, nbytes, dtypes, shards)
             if bad:
                 problems.append(f"{where}: block {layer[:80]!r} rank {rank[:20]}: {bad}; {OUT_DAMAGED_HINT}")
     return problems

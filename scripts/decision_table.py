@@ -4,12 +4,13 @@ docs/TARGETS.md, made from the same data as `fimoe-convert recommend` (fimoe_con
 rewrite the marked region, or report that it differs (exit 1).
 
 The region runs from `<!-- generated: decision-table -->` to `<!-- end: decision-table -->`, as README.md's
-example blocks are kept by scripts/readme_examples.py."""
-import argparse
-import os
+example blocks are kept by scripts/readme_examples.py (the same main: scripts/_generated.py)."""
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts' shared main (also when loaded by path)
+import _generated  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "TARGETS.md"
@@ -35,28 +36,16 @@ def differences(text: str, table: str) -> list[str]:
 
 
 def rewrite(text: str, table: str) -> str:
+    """The region replaced by `table`; the text as it is unless it holds exactly one region."""
+    if len(REGION.findall(text)) != 1:
+        return text
     return REGION.sub(lambda m: f"{START}\n{table}{END}", text, count=1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--print", action="store_true", help="print the table")
-    mode.add_argument("--write", action="store_true", help="rewrite docs/TARGETS.md's region in place")
-    mode.add_argument("--check", action="store_true", help="exit 1 when the region differs")
-    a = ap.parse_args(argv)
-    table = generate()
-    if a.print:
-        print(table, end="")
-        return 0
-    text = DOC.read_text()
-    if a.write and not differences(rewrite(text, table), table):
-        tmp = DOC.with_name(DOC.name + ".tmp")
-        tmp.write_text(rewrite(text, table))
-        os.replace(tmp, DOC)
-    problems = differences(DOC.read_text(), table)
-    print("\n".join(problems) or "docs/TARGETS.md: the decision table matches fimoe_convert/serving.py")
-    return 1 if problems else 0
+    matches = "docs/TARGETS.md: the decision table matches fimoe_convert/serving.py"
+    return _generated.main(argv, __doc__.splitlines()[0], generate, lambda table: table,
+                           [(DOC, rewrite, differences, matches)])
 
 
 if __name__ == "__main__":

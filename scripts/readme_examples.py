@@ -5,13 +5,15 @@ the blocks that differ (exit 1).
 
 A block is marked by `<!-- example: NAME -->` on the line just before its fence. Blocks are compared after
 `normalize()` (timings, rates, the temporary folder), so `--write` leaves a block alone when only those differ."""
-import argparse
 import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts' shared main (also when loaded by path)
+import _generated  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -112,32 +114,16 @@ def rewrite(text: str, generated: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--print", action="store_true", help="print each block")
-    mode.add_argument("--write", action="store_true", help="rewrite README.md's stale blocks in place")
-    mode.add_argument("--check", action="store_true", help="exit 1 when a block differs")
-    a = ap.parse_args(argv)
-    generated = generate()
-    if a.print:
-        for name, block in generated.items():
-            print(f"<!-- example: {name} -->\n```text\n{block}```\n")
-        return 0
-    problems = []
-    for doc in DOCUMENTS:
-        path = REPO / doc
-        text = path.read_text()
-        if a.write:
-            new = rewrite(text, generated)
-            if new != text:
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text(new)
-                os.replace(tmp, path)
-        found = differences(path.read_text(), generated, doc)
-        problems += found
+    def matches(doc: str) -> str:
         mine = sum(1 for d, _, _ in EXAMPLES.values() if d == doc)
-        print("\n".join(found) or f"{doc}: {mine} example {'block matches' if mine == 1 else 'blocks match'}")
-    return 1 if problems else 0
+        return f"{doc}: {mine} example {'block matches' if mine == 1 else 'blocks match'}"
+
+    def show(blocks: dict[str, str]) -> str:
+        return "".join(f"<!-- example: {name} -->\n```text\n{block}```\n\n" for name, block in blocks.items())
+
+    documents = [(REPO / doc, rewrite, lambda text, gen, doc=doc: differences(text, gen, doc), matches(doc))
+                 for doc in DOCUMENTS]
+    return _generated.main(argv, __doc__.splitlines()[0], generate, show, documents)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
   tensor reads);
 - `sources/`: SRC: `local` (a folder or a Hub snapshot, validated before any tensor data is read), `hub` (resolving
   and downloading a repo id, shard headers read without the weights), `stream` (--stream), `http_range` (the
-  resuming ranged reads of --stream);
+  one resuming ranged reader: --stream's shards, the headers `hub` reads);
 - here, the rules every job shares: `names` (the file names SRC and OUT share), `paths` (the one rule for a name read
   from a file), `safe_open` (regular files only), `jsonfile` (the one strict JSON loader), `hashing` (sha256 of
   files, many at once), `preset` (conversion presets, `--config`)."""

@@ -4,10 +4,9 @@ per-expert power-of-two global scale. FlashInfer's own transform then owns the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from ..records import WindowReport
 from .fp4 import FP4_GROUP, scale_bytes
 
 WINDOW_LO = 127 - 5  # E8M0 byte of 2**-5, the smallest scale the decoder keeps exact
@@ -35,18 +34,6 @@ def marlin_to_linear(packed: torch.Tensor) -> torch.Tensor:
     return (pairs[..., 0] | (pairs[..., 1] << 4)).reshape(packed.shape)
 
 
-@dataclass
-class WindowReport:
-    groups: int = 0  # scale groups with nonzero codes
-    clamped_groups: int = 0  # groups whose scale had to leave its exact value
-    worst_rel_l2: float = 0.0  # worst relative L2 error of one expert matrix after the repack
-    lossy_experts: int = 0
-
-    def merge(self, other: "WindowReport") -> None:
-        self.groups += other.groups
-        self.clamped_groups += other.clamped_groups
-        self.worst_rel_l2 = max(self.worst_rel_l2, other.worst_rel_l2)
-        self.lossy_experts += other.lossy_experts
 
 
 def _group_nonzero(packed_u8: torch.Tensor) -> torch.Tensor:

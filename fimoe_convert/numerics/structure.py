@@ -13,7 +13,10 @@ import dataclasses
 import torch
 
 from ..dtypes import torch_dtype_from_name, torch_dtype_name
-from .structure_check import stored_nbytes, structure_problem  # noqa: F401  (the check that comes before unflatten)
+from ..records import DataclassNode, ListNode, Node, NoneNode, TupleNode, ValueNode
+
+# the check that comes before unflatten
+from .structure_check import as_node, stored_nbytes, structure_problem, tensor_node_names  # noqa: F401
 
 _STORED_AS_BYTES = {torch.float4_e2m1fn_x2}
 
@@ -60,46 +63,47 @@ def flatten(obj, prefix: str, top_names: tuple[str, ...] = ()) -> tuple[dict, di
     return walk(obj, prefix), tensors
 
 
-def unflatten(node: dict, tensors: dict[str, torch.Tensor], classes: dict[str, type] | None = None):
-    """Rebuild what `flatten` stored, from the stored tensors by name (on any device). `classes`: the dataclasses
-    the structure may name, {"module:qualname": class} resolved by the caller from its own table; a name comes
-    from the file and is only looked up there, never imported. Check the node first (`structure_problem`)."""
-    classes = classes or {}
-    if "none" in node:
+def unflatten(node, tensors: dict[str, torch.Tensor], classes: dict[str, type] | None = None):
+    """Rebuild what `flatten` stored (its nodes, or their JSON), from the stored tensors by name (on any device).
+    `classes`: the dataclasses the structure may name, {"module:qualname": class} resolved by the caller from its
+    own table; a name comes from the file and is only looked up there, never imported. Check the node first
+    (`structure_problem`)."""
+    return _rebuild(as_node(node), tensors, classes or {})
+
+
+def _rebuild(node: Node, tensors: dict[str, torch.Tensor], classes: dict[str, type]):
+    if isinstance(node, NoneNode):
         return None
-    if "tuple" in node:
-        return tuple(unflatten(n, tensors, classes) for n in node["tuple"])
-    if "list" in node:
-        return [unflatten(n, tensors, classes) for n in node["list"]]
-    if "value" in node:
-        return node["value"]
-    if "dataclass" in node:
-        cls = classes.get(node["dataclass"])
+    if isinstance(node, TupleNode):
+        return tuple(_rebuild(n, tensors, classes) for n in node.items)
+    if isinstance(node, ListNode):
+        return [_rebuild(n, tensors, classes) for n in node.items]
+    if isinstance(node, ValueNode):
+        return node.value
+    if isinstance(node, DataclassNode):
+        cls = classes.get(node.dataclass)
         if cls is None:
-            raise ValueError(f"dataclass {node['dataclass']!r} is not one this target's kernel returns")
-        return cls(**{k: unflatten(v, tensors, classes) for k, v in node["fields"].items()})
-    t = tensors[node["tensor"]]
-    dtype = torch_dtype_from_name(node["dtype"])
+            raise ValueError(f"dataclass {node.dataclass!r} is not one this target's kernel returns")
+        return cls(**{k: _rebuild(v, tensors, classes) for k, v in node.fields.items()})
+    t = tensors[node.tensor]
+    dtype = torch_dtype_from_name(node.dtype)
     want = stored_nbytes(node)
     if t.dtype != dtype and not (dtype in _STORED_AS_BYTES and t.dtype == torch.uint8):
-        raise ValueError(f"tensor {node['tensor']!r} is stored as {torch_dtype_name(t.dtype)}, its structure says "
-                         f"{node['dtype']}")
+        raise ValueError(f"tensor {node.tensor!r} is stored as {torch_dtype_name(t.dtype)}, its structure says "
+                         f"{node.dtype}")
     if t.numel() * t.element_size() != want:
-        raise ValueError(f"tensor {node['tensor']!r} holds {t.numel() * t.element_size()} bytes, its structure "
-                         f"({node['dtype']} {node['shape']}) needs {want}")
+        raise ValueError(f"tensor {node.tensor!r} holds {t.numel() * t.element_size()} bytes, its structure "
+                         f"({node.dtype} {list(node.shape)}) needs {want}")
     if t.dtype != dtype:
         t = t.view(dtype)
-    if "stride" in node:
-        return t.as_strided(node["shape"], node["stride"], t.storage_offset())  # t may be a view into a shared buffer
-    return t.reshape(node["shape"])
+    if node.stride is not None:  # t may be a view into a shared buffer
+        return t.as_strided(node.shape, node.stride, t.storage_offset())
+    return t.reshape(node.shape)
 
 
-def tensor_names(node: dict) -> list[str]:
+def tensor_names(node) -> list[str]:
     """Every stored tensor name in a structure, in order."""
-    if "tensor" in node:
-        return [node["tensor"]]
-    children = node.get("tuple") or node.get("list") or list(node.get("fields", {}).values())
-    return [n for child in children for n in tensor_names(child)]
+    return tensor_node_names(node)
 
 
 def same_object(a, b) -> bool:

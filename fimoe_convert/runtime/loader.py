@@ -38,7 +38,7 @@ def load_transformed_weights(out_dir: str | Path | Manifest, layer: str, rank: i
     if m.target.kernel_name is None:
         raise InputError(f"{m.out_dir}: target {m.target.name!r} has no kernel-ready weights to load; "
                          "convert with a FlashInfer target (fimoe-convert targets)")
-    structure = m.layer_record(layer, rank)["structure"]
+    structure = m.layer_record(layer, rank).structure
     kernel = BY_NAME.get(m.target.name)
     if kernel is None or kernel.kernel_name != m.target.kernel_name:
         raise m.damaged(f"target {str(m.target.name)[:80]!r} with kernel {str(m.target.kernel_name)[:80]!r} "

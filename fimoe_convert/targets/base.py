@@ -15,7 +15,7 @@ from ..errors import CorruptTensorError
 from ..kernels import Kernel
 from ..numerics import find_nan_scales
 from ..plan import Unit, ep_ranges
-from ..records import EpRecord, TargetRecord
+from ..records import Block, EpRecord, TargetRecord, TargetReport
 from .rules import TargetOptions, target_record, validate
 
 
@@ -63,16 +63,16 @@ class Target(ABC):
     def recycle(self, tensor: torch.Tensor) -> None:  # noqa: B027 - a hook most targets leave as it is
         """The converter is done with `tensor`, an output of `run`: a target may reuse its memory."""
 
-    def report(self, units: Iterable[str] | None = None) -> dict:
+    def report(self, units: Iterable[str] | None = None) -> TargetReport:
         """What converting `units` (keys; None: every unit run so far) found worth reporting ({}: nothing).
         The converter stores it per shard, so that a resumed conversion reports what an uninterrupted one does."""
-        return {}
+        return TargetReport()
 
-    def merge_reports(self, parts: list[dict]) -> dict:
+    def merge_reports(self, parts: list[TargetReport]) -> TargetReport:
         """One report from `report`s of disjoint sets of units, given in output order."""
-        return {}
+        return TargetReport()
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         """The manifest's `layers`: what the runtime needs to rebuild each block's objects."""
         return {}
 

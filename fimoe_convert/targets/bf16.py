@@ -15,6 +15,7 @@ import torch
 from ..checkpoint import EXPERT_LEGS, ModelSpec, expert_name, fp8_linears, leg_shape
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..plan import OutTensor, Unit
+from ..records import Block, DenseLayout
 from .base import OutputPool, Target, check_scales
 
 
@@ -70,9 +71,9 @@ class Bf16Target(Target):
     def recycle(self, tensor: torch.Tensor) -> None:
         self._pool.give(tensor)
 
-    def layers_record(self, units: list[Unit]) -> dict:
-        return {block: {"format": "bf16", "tensors": f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.weight",
-                        "experts": [0, self.model.n_routed_experts]} for block in self.model.moe_blocks}
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
+        return {block: DenseLayout(format="bf16", tensors=f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.weight",
+                                   experts=(0, self.model.n_routed_experts)) for block in self.model.moe_blocks}
 
     def update_config(self, config: dict) -> dict:
         """No `expert_dtype` anywhere. dense=fp8: every MoE block's experts in quantization_config.ignored_layers

@@ -11,6 +11,7 @@ import dataclasses
 from ..checkpoint import ModelSpec, expert_name
 from ..dtypes import FP4_GROUP
 from ..kernels import BY_NAME, Kernel
+from ..records import TargetReport
 
 FETCH = ('from huggingface_hub import snapshot_download\n'
          'out = snapshot_download("REPO_ID")  # or the local OUT folder\n')
@@ -29,7 +30,7 @@ class Family:
         """Problems of this family's own with converting `model` for `kernel` (the generic ones: rules.py)."""
         return []
 
-    def report_line(self, report: dict) -> str:
+    def report_line(self, report: TargetReport) -> str:
         """The target's report (Target.merge_reports) as one readable line; '' for none."""
         return ""
 
@@ -87,14 +88,13 @@ class Fp8BlockFamily(Family):
                     f"must be a multiple of {FP4_GROUP} (one tile holds whole FP4 scale groups); use --target bf16"]
         return []
 
-    def report_line(self, report: dict) -> str:
-        r = report.get("fp8_block")
+    def report_line(self, report: TargetReport) -> str:
+        r = report.fp8_block
         if r is None:
             return ""
-        lossy = (f"{r['lossy_tiles']} lossy in {plural(r['lossy_tensors'], 'tensor')} (worst abs. error "
-                 f"{r['worst_abs_err']:.3g}, rel. {r['worst_rel_err']:.3g})" if r["lossy_tiles"] else "all exact")
-        return (f"fp8_block: {plural(r['tensors'], 'expert matrix', 'expert matrices')}, {plural(r['tiles'], 'tile')}, "
-                f"{lossy}")
+        lossy = (f"{r.lossy_tiles} lossy in {plural(r.lossy_tensors, 'tensor')} (worst abs. error "
+                 f"{r.worst_abs_err:.3g}, rel. {r.worst_rel_err:.3g})" if r.lossy_tiles else "all exact")
+        return f"fp8_block: {plural(r.tensors, 'expert matrix', 'expert matrices')}, {plural(r.tiles, 'tile')}, {lossy}"
 
     def serve_lines(self, target) -> list[str]:
         if target.parameters.get("scale_dtype") == "f32":  # expert_dtype fp8 with F32 scales: what vLLM reads
@@ -127,13 +127,13 @@ class KernelFamily(Family):
 
 
 class MegaMoeFamily(KernelFamily):
-    def report_line(self, report: dict) -> str:
-        r = report.get("mxfp4_window")
+    def report_line(self, report: TargetReport) -> str:
+        r = report.mxfp4_window
         if r is None:
             return ""
-        lossy = (f"{r['clamped_groups']} clamped in {plural(r['lossy_experts'], 'expert')} (worst rel. L2 "
-                 f"{r['worst_rel_l2']:.3g})" if r["clamped_groups"] else "all exact")
-        return f"MXFP4 scale window: {plural(r['groups'], 'scale group')}, {lossy}"
+        lossy = (f"{r.clamped_groups} clamped in {plural(r.lossy_experts, 'expert')} (worst rel. L2 "
+                 f"{r.worst_rel_l2:.3g})" if r.clamped_groups else "all exact")
+        return f"MXFP4 scale window: {plural(r.groups, 'scale group')}, {lossy}"
 
     def runtime_needs(self, target) -> list[str]:
         return ["torch.distributed (process group)", "torch symmetric memory (MegaMoESymmBuffer)"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -27,26 +26,11 @@ from ..dtypes import FP4_GROUP
 from ..errors import LossyRepackError
 from ..numerics.fp8 import EXACT_SPAN, e8m0_to_f32, fp4_to_fp8_block
 from ..plan import OutTensor, Unit
+from ..records import Block, DenseLayout, Fp8BlockReport, TargetReport
 from .base import Target, check_scales
 
 SCALE_DTYPES = {"e8m0": "F8_E8M0", "f32": "F32"}
 MAX_EXAMPLES = 5  # lossy tiles named in the report
-
-
-@dataclass
-class Fp8BlockReport:
-    tensors: int = 0  # expert matrices converted
-    tiles: int = 0  # weight_block_size tiles in them
-    lossy_tiles: int = 0  # tiles whose FP8 values differ from the FP4 ones (only with --allow-lossy)
-    lossy_tensors: int = 0
-    worst_abs_err: float = 0.0  # largest |FP8 - FP4| of a value, dequantized
-    worst_rel_err: float = 0.0
-    examples: list = field(default_factory=list)  # "tensor tile (r, c)" of the first lossy tiles
-
-    def to_json(self) -> dict:
-        return {"tensors": self.tensors, "tiles": self.tiles, "lossy_tiles": self.lossy_tiles,
-                "lossy_tensors": self.lossy_tensors, "worst_abs_err": self.worst_abs_err,
-                "worst_rel_err": self.worst_rel_err, "lossy_examples": list(self.examples)}
 
 
 def tile_shape(model: ModelSpec, leg: str) -> tuple[int, int]:
@@ -144,32 +128,32 @@ class Fp8BlockTarget(Target):
         with self._lock:
             self._units.setdefault(key, {})[name] = rep
 
-    def report(self, units: Iterable[str] | None = None) -> dict:
+    def report(self, units: Iterable[str] | None = None) -> TargetReport:
         with self._lock:
             tensors = {name: rep for k in (list(self._units) if units is None else units)
                        for name, rep in self._units.get(k, {}).items()}
-        return self.merge_reports([{"fp8_block": tensors[n].to_json()} for n in sorted(tensors, key=natural_key)])
+        return self.merge_reports([TargetReport(fp8_block=tensors[n]) for n in sorted(tensors, key=natural_key)])
 
-    def merge_reports(self, parts: list[dict]) -> dict:
+    def merge_reports(self, parts: list[TargetReport]) -> TargetReport:
         total = Fp8BlockReport()
-        for part in parts:
-            rep = part.get("fp8_block")
-            if not rep:
+        for rep in (part.fp8_block for part in parts):
+            if rep is None:
                 continue
-            total.tensors += rep["tensors"]
-            total.tiles += rep["tiles"]
-            total.lossy_tiles += rep["lossy_tiles"]
-            total.lossy_tensors += rep["lossy_tensors"]
-            total.worst_abs_err = max(total.worst_abs_err, rep["worst_abs_err"])
-            total.worst_rel_err = max(total.worst_rel_err, rep["worst_rel_err"])
-            total.examples += rep["lossy_examples"][:MAX_EXAMPLES - len(total.examples)]
-        return {"fp8_block": total.to_json()}
+            total.tensors += rep.tensors
+            total.tiles += rep.tiles
+            total.lossy_tiles += rep.lossy_tiles
+            total.lossy_tensors += rep.lossy_tensors
+            total.worst_abs_err = max(total.worst_abs_err, rep.worst_abs_err)
+            total.worst_rel_err = max(total.worst_rel_err, rep.worst_rel_err)
+            total.examples += rep.examples[:MAX_EXAMPLES - len(total.examples)]
+        return TargetReport(fp8_block=total)
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         rows, cols = self.model.weight_block_size
-        return {block: {"format": "fp8_block", "tensors": f"{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.{{weight,scale}}",
-                        "weight_dtype": "F8_E4M3", "scale_dtype": self.scale_dtype,
-                        "block": [rows, cols], "experts": [0, self.model.n_routed_experts]}
+        pattern = "{block}.ffn.experts.{{j}}.{{w1,w2,w3}}.{{weight,scale}}"
+        return {block: DenseLayout(format="fp8_block", tensors=pattern.format(block=block),
+                                   weight_dtype="F8_E4M3", scale_dtype=self.scale_dtype, block=(rows, cols),
+                                   experts=(0, self.model.n_routed_experts))
                 for block in self.model.moe_blocks}
 
     def update_config(self, config: dict) -> dict:

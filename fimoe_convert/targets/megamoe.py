@@ -17,8 +17,9 @@ from ..budget import UNIT_BYTES_MAX
 from ..checkpoint import expert_name
 from ..errors import LossyRepackError
 from ..numerics import dequant_fp4_to_bf16
-from ..numerics.mxfp4 import WindowReport, linear_to_marlin, window_scales
+from ..numerics.mxfp4 import linear_to_marlin, window_scales
 from ..plan import OutTensor, Unit
+from ..records import Block, RankLayer, TargetReport, TensorNode, TupleNode, WindowReport
 from .base import Target, check_scales, kernel_target_config, prefix
 
 LEG_SOURCES = {"l1": ("w1", "w3"), "l2": ("w2",)}  # l1: gate rows, then up rows
@@ -78,12 +79,11 @@ def _tile_shapes(hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
     return {"l1": tuple(a.shape[1:]), "l2": tuple(b.shape[1:])}
 
 
-def _window_json(reps: list[WindowReport]) -> dict:
+def _window_report(reps) -> TargetReport:
     r = WindowReport()
     for rep in reps:
         r.merge(rep)
-    return {"mxfp4_window": {"groups": r.groups, "clamped_groups": r.clamped_groups,
-                             "lossy_experts": r.lossy_experts, "worst_rel_l2": r.worst_rel_l2}}
+    return TargetReport(mxfp4_window=r)
 
 
 class MegaMoeTarget(Target):
@@ -155,23 +155,25 @@ class MegaMoeTarget(Target):
         return {f"{pre}.{leg}.weight": transform_leg(leg, linear_to_marlin(newp), news),
                 f"{pre}.{leg}.weight_global_scale": torch.exp2(g.float())}
 
-    def report(self, units: Iterable[str] | None = None) -> dict:
+    def report(self, units: Iterable[str] | None = None) -> TargetReport:
         with self._lock:
             reps = [self._reports[k] for k in (list(self._reports) if units is None else units) if k in self._reports]
-        return _window_json(reps)
+        return _window_report(reps)
 
-    def merge_reports(self, parts: list[dict]) -> dict:
-        return _window_json([WindowReport(**p["mxfp4_window"]) for p in parts if "mxfp4_window" in p])
+    def merge_reports(self, parts: list[TargetReport]) -> TargetReport:
+        return _window_report(p.mxfp4_window for p in parts if p.mxfp4_window is not None)
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         shapes = _tile_shapes(self.model.hidden_size, self.model.moe_intermediate_size)
         rec: dict[str, dict] = {}
         for block in self.model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
                 pre, e = prefix(block, rank), hi - lo
-                leaves = [{"tensor": f"{pre}.{leg}.{slot}", "dtype": "uint8" if slot == "weight" else "float32",
-                           "shape": [e, *shapes[leg]] if slot == "weight" else [e]} for leg, slot in STRUCTURE]
-                rec.setdefault(block, {})[str(rank)] = {"experts": [lo, hi], "structure": {"tuple": leaves}}
+                leaves = tuple(TensorNode(tensor=f"{pre}.{leg}.{slot}",
+                                          dtype="uint8" if slot == "weight" else "float32",
+                                          shape=(e, *shapes[leg]) if slot == "weight" else (e,))
+                               for leg, slot in STRUCTURE)
+                rec.setdefault(block, {})[str(rank)] = RankLayer(experts=(lo, hi), structure=TupleNode(leaves))
         return rec
 
     def update_config(self, config: dict) -> dict:

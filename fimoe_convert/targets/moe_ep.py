@@ -23,6 +23,7 @@ from ..dtypes import st_dtype, tensor_nbytes
 from ..numerics import dequant_fp4_to_bf16, dequant_fp8_block_to_bf16
 from ..numerics.structure import flatten
 from ..plan import OutTensor, Unit
+from ..records import Block, RankLayer, read_node
 from .base import Target, check_scales, kernel_target_config, prefix
 from .families import kernel_config
 
@@ -176,12 +177,12 @@ class MoeEpTarget(Target):
                                  f"{self.kernel.name} does not split by expert: set expert_chunks=False in its row "
                                  "of the kernel table")
 
-    def layers_record(self, units: list[Unit]) -> dict:
+    def layers_record(self, units: list[Unit]) -> dict[str, Block]:
         rec: dict[str, dict] = {}
         for block in self.model.moe_blocks:
             for rank, (lo, hi) in enumerate(self.ranks()):
-                structure, _ = self.planned(hi - lo, prefix(block, rank))
-                rec.setdefault(block, {})[str(rank)] = {"experts": [lo, hi], "structure": structure}
+                structure, _ = self.planned(hi - lo, prefix(block, rank))  # flatten's JSON, as the manifest holds it
+                rec.setdefault(block, {})[str(rank)] = RankLayer(experts=(lo, hi), structure=read_node(structure))
         return rec
 
     def update_config(self, config: dict) -> dict:

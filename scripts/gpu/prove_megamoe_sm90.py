@@ -117,7 +117,7 @@ def main() -> int:
     t = time.perf_counter()
     res = convert(str(ckpt), str(out), "megamoe_sm90_mxfp4", ep_size=1, device=args.convert_device, overwrite=True)
     log(f"== convert --target megamoe_sm90_mxfp4 --ep-size 1 --device {args.convert_device}: "
-        f"{res.bytes_written} bytes in {time.perf_counter() - t:.1f} s; report {json.dumps(res.report)}")
+        f"{res.bytes_written} bytes in {time.perf_counter() - t:.1f} s; report {json.dumps(res.report.to_json())}")
 
     manifest = load_manifest(out)
     blocks = list(manifest.layers)

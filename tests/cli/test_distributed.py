@@ -60,7 +60,7 @@ def test_two_ranks_report_every_unit(tmp_path):
     subprocess.run([sys.executable, "-m", "fimoe_convert", str(src), str(one), "-q", *args], check=True)
     r = subprocess.run(torchrun(src, two, *args), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert read_manifest(two).report["fp8_block"]["tensors"] == 2 * 4 * 3
+    assert read_manifest(two).report.fp8_block.tensors == 2 * 4 * 3
     assert folder(two) == folder(one)
 
 

@@ -12,7 +12,7 @@ import pytest
 from fimoe_convert import convert
 from fimoe_convert.errors import InputError
 from fimoe_convert.files.output.manifest import MANIFEST_NAME, dumps, read_manifest, read_rank_status, write_rank_status
-from fimoe_convert.records import FileRecord, Manifest
+from fimoe_convert.records import FileRecord, Manifest, TargetReport, WindowReport
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_a_written_manifest_reads_back_to_the_same_bytes(written):
     m = Manifest.from_json(copy.deepcopy(written), "m.json")
     assert dumps(m.to_json()) == dumps(written)
     assert m.complete is True and m.ep_size == 2 and m.ep.expert_ranges == ((0, 4), (4, 8))
-    assert m.target.name == "fp8_block" and m.target.kernel_name is None and m.report["fp8_block"]["tensors"] > 0
+    assert m.target.name == "fp8_block" and m.target.kernel_name is None and m.report.fp8_block.tensors > 0
 
 
 @pytest.mark.parametrize("drop, attr, default", [("complete", "complete", None), ("report", "report", None)])
@@ -42,7 +42,9 @@ def test_identity_fields_of_a_source_file_are_written_only_while_known():
                                                                           "inode": 8, "dev": 9}
     assert FileRecord(3, "a" * 64).to_json() == {"size": 3, "sha256": "a" * 64}
     assert FileRecord(1, "b" * 64).to_json() == {"size": 1, "sha256": "b" * 64}
-    assert FileRecord(1, "b" * 64, {"x": 1}).to_json() == {"size": 1, "sha256": "b" * 64, "report": {"x": 1}}
+    report = TargetReport(mxfp4_window=WindowReport(groups=2))
+    assert FileRecord(1, "b" * 64, report).to_json() == {"size": 1, "sha256": "b" * 64, "report": {"mxfp4_window": {
+        "groups": 2, "clamped_groups": 0, "lossy_experts": 0, "worst_rel_l2": 0.0}}}
 
 
 @pytest.mark.parametrize("change, match", [
@@ -56,6 +58,16 @@ def test_identity_fields_of_a_source_file_are_written_only_while_known():
     (lambda m: m["files"]["README.md"].update(report=[]), r"files\['README\.md'\]\.report is a list \(0 items\); "
                                                           r"expected an object"),
     (lambda m: m.update(report=3), r"^m\.json: report is 3; expected an object; fix it$"),
+    (lambda m: m["report"]["fp8_block"].update(tiles=-1), r"^m\.json: report\.fp8_block\.tiles is -1; expected an "
+                                                         r"integer >= 0; fix it$"),
+    (lambda m: m["report"]["fp8_block"].update(worst_abs_err="0"), r"report\.fp8_block\.worst_abs_err is '0'; "
+                                                                  r"expected a number"),
+    (lambda m: m["report"].update(other={}), r"report\.other is an object \(0 keys\), a key it does not have; "
+                                             r"expected only fp8_block, mxfp4_window"),
+    (lambda m: m["layers"]["layers.0"].update(scale_dtype=5), r"layers\['layers\.0'\]\.scale_dtype is 5; expected "
+                                                             r"a string"),
+    (lambda m: m["layers"].update(x=[]), r"layers\.x is a list \(0 items\); expected an object with the keys "
+                                         r"format, tensors, experts or an object"),
     (lambda m: m.update(complete=None), r"^m\.json: complete is None; expected true or false; fix it$"),
     (lambda m: m["files"]["README.md"].update(sha256=None),
      r"files\['README\.md'\]\.sha256 is None; expected a sha256 \(64 hex digits\); fix it$"),
@@ -72,9 +84,10 @@ def test_a_field_of_the_wrong_type_is_named(written, change, match):
 
 
 def test_rank_status_files_hold_file_records_and_a_damaged_one_is_skipped(tmp_path):
-    write_rank_status(tmp_path, 0, {"a.safetensors": FileRecord(5, "c" * 64, {"r": 1})})
+    report = TargetReport(mxfp4_window=WindowReport(groups=1))
+    write_rank_status(tmp_path, 0, {"a.safetensors": FileRecord(5, "c" * 64, report)})
     (tmp_path / "fimoe-status.rank1.json").write_text('{"rank": 1, "files": {"b.safetensors": {"size": -1}}}')
-    assert read_rank_status(tmp_path) == {"a.safetensors": FileRecord(5, "c" * 64, {"r": 1})}
+    assert read_rank_status(tmp_path) == {"a.safetensors": FileRecord(5, "c" * 64, report)}
 
 
 def test_read_manifest_remembers_its_folder(tiny_ckpt, tmp_path):

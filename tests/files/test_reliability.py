@@ -644,7 +644,7 @@ def test_a_resumed_conversion_reports_what_an_uninterrupted_one_does(tmp_path, p
     src = make_checkpoint(tmp_path / "src", preset)
     ref, out = tmp_path / "ref", tmp_path / "out"
     want = convert(str(src), str(ref), target, shard_size="60KB", **opts)
-    assert want.shards > 3 and any(want.report[next(iter(want.report))].values())
+    assert want.shards > 3 and any(vars(want.report.fp8_block or want.report.mxfp4_window).values())
 
     def stop_midway(done, total):
         if done > total * stop_at:

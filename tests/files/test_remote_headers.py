@@ -125,7 +125,7 @@ def _offsets_past_the_end(folder):
     (_truncate, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: 2 bytes, too short for a safetensors "
                 r"header"),
     (_bad_header_length, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: .*header"),
-    (_missing, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: reading its header from the Hub failed "
+    (_missing, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: the Hub refused bytes 0-1048575 "
                r"\(RemoteEntryNotFoundError"),
     (_offsets_past_the_end, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: "),
 ])
@@ -143,14 +143,14 @@ def test_a_bad_shard_on_the_hub_is_one_line_naming_it(tiny_ckpt, tmp_path, damag
 @pytest.mark.parametrize("ignore_range", [False, True])
 @pytest.mark.parametrize("start, end", [(0, 7), (0, 99), (8, 1000), (5000, 5000), (1000, 10**9)])
 def test_a_ranged_read_returns_those_bytes_and_the_size_from_any_server(tiny_ckpt, ignore_range, start, end):
-    """`_get` gives bytes [start, end] and the file's size, also when the server ignores Range and answers with
-    the whole file (then it stops reading after byte `end`)."""
-    from fimoe_convert.files.sources.hub import _get
+    """`read_head` gives bytes [start, end] (to the file's end) and the file's size, also when the server ignores
+    Range and answers with the whole file (then it stops reading after byte `end`)."""
+    from fimoe_convert.files.sources.http_range import read_head
 
     name = "model-00002-of-00004.safetensors"
     data = (tiny_ckpt / name).read_bytes()
     with HubFiles(REPO, tiny_ckpt, COMMIT, ignore_range=ignore_range) as hub:
-        got, size = _get(f"{hub.url}/{REPO}/resolve/{COMMIT}/{name}", start, end, None)
+        got, size = read_head(f"{hub.url}/{REPO}/resolve/{COMMIT}/{name}", start, end, None)
     assert got == data[start:end + 1] and size == len(data)
 
 

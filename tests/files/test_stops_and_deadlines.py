@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from test_reliability import child_env
 
 import fimoe_convert.cli as cli_mod
 from fimoe_convert.entry import EARLY_STOP
+from fimoe_convert.errors import InputError
 
 # Seconds a stopped command may take to end: its exit (torch loaded) takes seconds on a busy machine; a signal not
 # taken during the wait would leave it waiting for minutes (the drip's 120 s, the rendezvous's 600 s).
@@ -26,21 +28,60 @@ STOP_S = 30
 # -------------------------------------------------------------- 1. Hub requests end, and signals end them
 
 
-@pytest.mark.parametrize("chunks, limit, late, result", [
-    ([b"ab", b"cd", b"ef"], 5, False, b"abcde"),
-    ([b"a"] * 10, 3, False, b"aaa"),
-    ([b"a"] * 10, 30, True, TimeoutError),  # a byte at a time, past the deadline
-    ([b"abc"], 3, True, b"abc"),  # what was asked arrived: no timeout
-])
-def test_a_request_has_an_overall_deadline(chunks, limit, late, result):
-    from fimoe_convert.files.sources.hub import _read_at_most
+class _Drip(BaseHTTPRequestHandler):
+    """Answers a Range with 206 and the bytes asked, one every `gap` s (0: at once): a drip never trips a read
+    timeout, only the overall deadline."""
 
-    deadline = time.monotonic() - 1 if late else time.monotonic() + 60
-    if result is TimeoutError:
-        with pytest.raises(TimeoutError, match=r"^1 of 30 bytes after 60 s, the most one request may take$"):
-            _read_at_most(iter(chunks), limit, deadline)
-    else:
-        assert _read_at_most(iter(chunks), limit, deadline) == result
+    gap = 0.0
+    data = bytes(range(256)) * 4
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        last = min(last, len(self.data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Length", str(last + 1 - first))
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(self.data)}")
+        self.end_headers()
+        try:
+            for i in range(first, last + 1):
+                self.wfile.write(self.data[i:i + 1])
+                self.wfile.flush()
+                if self.gap:
+                    time.sleep(self.gap)  # the slow server itself
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("gap, start, end, result", [
+    (0.0, 0, 99, (0, 100)),
+    (0.0, 1000, 5000, (1000, 1024)),  # past the file's end: cut where it ends
+    (0.05, 0, 3, (0, 4)),  # what was asked arrived before the deadline: no timeout
+    (0.05, 0, 1023, InputError),  # a byte every 0.05 s, past the deadline
+])
+def test_a_header_read_has_an_overall_deadline(monkeypatch, gap, start, end, result):
+    from helpers.hub_files import QuietServer
+
+    import fimoe_convert.files.sources.http_range as http_range
+
+    monkeypatch.setattr(http_range, "REQUEST_DEADLINE_S", 0.5)
+    monkeypatch.setattr(_Drip, "gap", gap)
+    server = QuietServer(("127.0.0.1", 0), _Drip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/org/x/resolve/main/a.safetensors"
+    try:
+        if result is InputError:
+            with pytest.raises(InputError, match=r"^org/x/a\.safetensors: byte \d+ of 1024 after 0 s, the most one "
+                                                 r"read of a header may take; the server is too slow"):
+                http_range.read_head(url, start, end, where="org/x/a.safetensors")
+        else:
+            lo, hi = result
+            assert http_range.read_head(url, start, end, where="org/x/a.safetensors") == (_Drip.data[lo:hi], 1024)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.slow

@@ -97,19 +97,23 @@ STRUCTURES = {
     ),
     "negative-stride": (
         _set(["fields", "w2_fp4"], lambda n: {**n, "stride": [-1] * len(n["shape"])}),
-        r"structure\.w2_fp4: tensor .* has stride",
+        r"structure\.fields\.w2_fp4\.stride\[0\] is -1; expected an integer 0\.\.1099511627776",
     ),
     "extra-key": (
         _set(["fields", "w2_b8"], lambda n: {**n, "code": "print(1)"}),
-        r"structure\.w2_b8: not a node "
-        r"fimoe-convert writes",
+        r"structure\.fields\.w2_b8\.code is 'print\(1\)', a key it does not have; expected only tensor, dtype, "
+        r"shape, stride",
     ),
     "plain-values-only": (
         lambda s: {"tuple": [{"value": 1}, {"value": "x"}]},
         r"structure\[0\]: a plain value where the kernel's object holds a tensor",
     ),
     "deep-nesting": (lambda s: json.loads('{"tuple": [' * 20 + "]}" * 20), r"more than 10000 nodes or 16 levels"),
-    "not-an-object": (lambda s: ["tuple"], r"not a node fimoe-convert writes \(list\)|no structure object"),
+    "not-an-object": (lambda s: ["tuple"], r"structure is a list \(1 items\); expected an object with the keys none \| "
+                                           r"tuple \| list \| value \| dataclass, fields \| tensor, dtype, shape"),
+    "no-structure": (lambda s: None, r"structure is None; expected an object with the keys"),
+    "shape-not-a-list": (_set(["fields", "w2_fp4"], lambda n: {**n, "shape": "7"}),
+                         r"structure\.fields\.w2_fp4\.shape is '7'; expected a list"),
 }
 
 
@@ -160,8 +164,10 @@ PURE = [  # (structure, classes, stored bytes, problem or None): the check alone
     ({**TENSOR, "dtype": "float4_e2m1fn_x2"}, {}, {"t": 6}, None),
     ({**TENSOR, "dtype": "bfloat16", "stride": [1, 2]}, {}, {"t": 12}, None),  # span 1+1*1+2*2 = 6 elements
     ({**TENSOR, "stride": [1]}, {}, {"t": 6}, r"has stride \[1\] for shape \[2, 3\]"),
-    ({**TENSOR, "shape": [2**41]}, {}, None, r"a list of sizes"),
-    ({**TENSOR, "shape": [True]}, {}, None, r"a list of sizes"),
+    ({**TENSOR, "shape": [2**41]}, {}, None, r"structure\.shape\[0\] is 2199023255552; expected an integer 0\.\."),
+    ({**TENSOR, "shape": [True]}, {}, None, r"structure\.shape\[0\] is True; expected an integer 0\.\."),
+    ({**TENSOR, "dtype": "complex32"}, {}, None, r"with dtype 'complex32' and shape \[2, 3\]: expected a dtype of"),
+    ({**TENSOR, "shape": [1] * 17}, {}, None, r"expected a dtype of .* and at most 16 sizes"),
     ({"none": True}, {}, None, r"structure: an empty slot here"),
     ({"value": 1}, {}, None, r"a plain value"),
     ({"dataclass": "m:C", "fields": {"a": {"value": 1.5}}}, {"m:C": {"a": "float"}}, None, None),

@@ -68,6 +68,39 @@ def test_a_structure_naming_one_tensor_over_and_over_is_refused_by_verify_and_th
         loader.load_transformed_weights(mega, "layers.0")
 
 
+DAMAGED_RANKS = {  # a change of the `layers` records of a megamoe output -> {(block, rank): the problem}
+    "structure-a-string": (lambda d: first_block(d).update(structure="tuple"),
+                           {("layers.0", 0): r"structure is 'tuple'; expected an object with the keys none \| "}),
+    "experts-missing": (lambda d: first_block(d).pop("experts"), {("layers.0", 0): r"experts is missing"}),
+    "rank-a-list": (lambda d: d["layers"]["layers.0"].update({"1": []}),
+                    {("layers.0", 1): r"the record is a list \(0 items\); expected an object"}),
+    "two-blocks-at-once": (lambda d: [d["layers"][b]["0"]["structure"]["tuple"][0].update(shape=[-1])
+                                      for b in ("layers.0", "layers.1")],
+                           {(b, 0): r"structure\.tuple\[0\]\.shape\[0\] is -1; expected an integer"
+                            for b in ("layers.0", "layers.1")}),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_RANKS)
+def test_a_damaged_rank_record_is_one_problem_of_verify_and_refused_by_the_loader(mega, case):
+    from fimoe_convert.files.output.manifest import read_manifest
+    from fimoe_convert.inspection import inspect
+
+    change, want = DAMAGED_RANKS[case]
+    edit_manifest(mega, change)
+    before = (mega / "fimoe-manifest.json").read_bytes()
+    read_manifest(mega, require_complete=True)  # the rest of the manifest is still read
+    assert inspect(str(mega)).complete
+    problems = verify(str(mega)).problems
+    assert len(problems) == len(want), problems
+    for problem, ((block, rank), match) in zip(problems, sorted(want.items())):
+        assert f"block {block!r} rank {rank}: " in problem and re.search(match, problem), problem
+    for (block, rank), match in want.items():
+        with pytest.raises(InputError, match=rf"block {re.escape(repr(block))} rank {rank}: .*{match}"):
+            loader.load_transformed_weights(mega, block, rank)
+    assert (mega / "fimoe-manifest.json").read_bytes() == before
+
+
 def drop_last_shard(out: Path, renumber: bool) -> None:
     """Remove the last shard and every record of it (index, total_size, manifest): a consistent edit; with
     `renumber`, the others renamed model-I-of-(N-1) everywhere too."""

@@ -402,7 +402,7 @@ def _check_mega_config(out: str, src: str) -> None:
     n = 0
     for block, ranks in m.layers.items():
         for rank, rec in ranks.items():
-            lo, hi = rec["experts"]
+            lo, hi = rec.experts
             cfg = mega_config(out, block, int(rank), device="cpu")
             assert type(cfg) is me.MegaConfig and cfg.preprocess_weights is False
             assert type(cfg.megakernel) is me.Sm107_Mxfp8_Mxfp4_Bf16_Cutedsl_MegaMoeConfig

@@ -9,6 +9,7 @@ import pytest
 
 from fimoe_convert.checkpoint import model_spec_from_config
 from fimoe_convert.kernels import KERNELS, get_kernel
+from fimoe_convert.records import TargetReport
 from fimoe_convert.targets import TargetOptions, family, validate
 from fimoe_convert.targets.families import FAMILIES, kernel_config
 
@@ -34,7 +35,7 @@ def test_every_kernel_row_has_a_family():
     ("sm100_mxfp8_mxfp4_bf16_cutedsl", {}, ""),
 ])
 def test_report_line(target, report, line):
-    assert family(get_kernel(target)).report_line(report) == line
+    assert family(get_kernel(target)).report_line(TargetReport.from_json(report, "report")) == line
 
 
 @pytest.mark.parametrize("target, needs", [

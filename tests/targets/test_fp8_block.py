@@ -114,7 +114,7 @@ def test_fp8_dequantizes_to_exactly_the_fp4_values(tiny_ckpt, fp8_out):
         assert s.dtype == torch.float8_e8m0fnu and tuple(s.shape) == (-(-out_dim // 128), -(-in_dim // 128))
         want = ref_fp4_f32(src[name], src[sname])
         assert same_bits(ref_fp8_f32(w, s, (128, 128)), want), name  # values and signs of zero
-    assert res.report["fp8_block"]["lossy_tiles"] == 0 and res.report["fp8_block"]["tiles"] == 4 * 8 * 3 * 2
+    assert res.report.fp8_block.lossy_tiles == 0 and res.report.fp8_block.tiles == 4 * 8 * 3 * 2
 
 
 @pytest.mark.slow
@@ -139,8 +139,8 @@ def test_everything_else_is_copied_and_config_drops_expert_dtype(tiny_ckpt, fp8_
     assert "expert_dtype" not in after
     assert after == {k: v for k, v in before.items() if k != "expert_dtype"}
     m = read_manifest(out, require_complete=True)
-    assert m.target.name == "fp8_block" and m.layers["layers.0"]["scale_dtype"] == "F8_E8M0"
-    assert m.report["fp8_block"]["lossy_tiles"] == 0
+    assert m.target.name == "fp8_block" and m.layers["layers.0"].scale_dtype == "F8_E8M0"
+    assert m.report.fp8_block.lossy_tiles == 0
     assert verify(str(out), deep=True, src=str(tiny_ckpt)).problems == []
 
 
@@ -189,7 +189,7 @@ def test_v41_uses_32x32_tiles_and_keeps_expert_dtype_in_quantization_config(tmp_
                 assert dst[name].dtype == torch.float32 and torch.equal(dst[name], t.float()), name
             else:
                 assert same_bits(dst[name], t), name
-    assert res.report["fp8_block"]["lossy_tiles"] == 0
+    assert res.report.fp8_block.lossy_tiles == 0
     before = json.loads((src_dir / "config.json").read_text())
     after = json.loads((out / "config.json").read_text())
     assert after["text_config"] == before["text_config"] and after["vision_config"] == before["vision_config"]
@@ -224,7 +224,7 @@ def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
     src_dir = make_checkpoint(tmp_path / "src", "lossy-fp8")
     out = tmp_path / "out"
     res = convert(str(src_dir), str(out), "fp8_block", allow_lossy=True)
-    rep = res.report["fp8_block"]
+    rep = res.report.fp8_block
     assert read_manifest(out, require_complete=True).report == res.report
     src, dst = load_all(src_dir), load_all(out)
     lossy, tiles, worst_abs, worst_rel = 0, 0, 0.0, 0.0
@@ -240,11 +240,11 @@ def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
             err = (got - want).abs()[diff]
             worst_abs = max(worst_abs, float(err.max()))
             worst_rel = max(worst_rel, float((err / want.abs()[diff]).max()))
-    assert rep["tiles"] == tiles == 2 * 4 * 3 * 2
-    assert rep["lossy_tiles"] == lossy > 0
-    assert rep["worst_abs_err"] == worst_abs > 0
-    assert rep["worst_rel_err"] == worst_rel > 0
-    assert rep["lossy_examples"][0] == "layers.0.ffn.experts.0.w1.weight tile (0, 0)"
+    assert rep.tiles == tiles == 2 * 4 * 3 * 2
+    assert rep.lossy_tiles == lossy > 0
+    assert rep.worst_abs_err == worst_abs > 0
+    assert rep.worst_rel_err == worst_rel > 0
+    assert rep.examples[0] == "layers.0.ffn.experts.0.w1.weight tile (0, 0)"
 
 
 @pytest.mark.slow
@@ -257,7 +257,7 @@ def test_report_and_folder_do_not_depend_on_writers(tmp_path, writers):
     want = convert(str(src), str(one), "fp8_block", allow_lossy=True, shard_size="40KB", writers=1)
     got = convert(str(src), str(many), "fp8_block", allow_lossy=True, shard_size="40KB", writers=writers)
     assert got.shards > writers
-    assert got.report == want.report and want.report["fp8_block"]["tensors"] == 2 * 4 * 3
+    assert got.report == want.report and want.report.fp8_block.tensors == 2 * 4 * 3
     assert {p.name: p.read_bytes() for p in many.iterdir()} == {p.name: p.read_bytes() for p in one.iterdir()}
 
 
@@ -284,10 +284,10 @@ def test_one_widened_group_makes_exactly_one_lossy_tile(tiny_copy, tmp_path):
     ):
         convert(str(tiny_copy), str(tmp_path / "out"), "fp8_block")
     res = convert(str(tiny_copy), str(tmp_path / "lossy"), "fp8_block", allow_lossy=True)
-    rep = res.report["fp8_block"]
-    assert (rep["lossy_tiles"], rep["lossy_tensors"]) == (1, 1)
-    assert rep["lossy_examples"] == [f"{name}.weight tile (1, 0)"]
-    assert rep["worst_rel_err"] == 1.0  # values at most half E4M3's smallest subnormal round to zero
+    rep = res.report.fp8_block
+    assert (rep.lossy_tiles, rep.lossy_tensors) == (1, 1)
+    assert rep.examples == [f"{name}.weight tile (1, 0)"]
+    assert rep.worst_rel_err == 1.0  # values at most half E4M3's smallest subnormal round to zero
 
 
 # Refusals and numerics -----------------------------------------------------------------------------

@@ -188,8 +188,8 @@ def test_wide_scale_span_is_refused_then_reported_with_allow_lossy(tmp_path):
     with pytest.raises(Exception, match=r"layers\.0 experts 3 \(down\): scale bytes span more than the 12 exponents"):
         convert(str(src), str(tmp_path / "a"), TARGET)
     res = convert(str(src), str(tmp_path / "b"), TARGET, allow_lossy=True)
-    rep = res.report["mxfp4_window"]
-    assert rep["lossy_experts"] == 1 and rep["clamped_groups"] == 1 and 0 < rep["worst_rel_l2"] < 0.1
+    rep = res.report.mxfp4_window
+    assert rep.lossy_experts == 1 and rep.clamped_groups == 1 and 0 < rep.worst_rel_l2 < 0.1
 
 
 @pytest.mark.parametrize("overrides, opts, match", [

@@ -3,10 +3,10 @@
 
 For `inspect` and `--dry-run` of a repo id whose weights are not in the cache (at V4 size a download takes hours
 before anything is said), config.json and the index are fetched into the cache (small files), and each shard's
-header is read from the Hub with two ranged requests (its length, then its JSON), then validated exactly as a
-local header is. Hand-written beside huggingface_hub's `parse_safetensors_file_metadata`, which returns parsed
-tensors without the header's bytes or the file's size: the strict checks a local header gets (offsets within the
-file) need both."""
+header is read from the Hub with two ranged reads (its length, then its JSON) by http_range's `read_head`, then
+validated exactly as a local header is. Hand-written beside huggingface_hub's `parse_safetensors_file_metadata`,
+which returns parsed tensors without the header's bytes or the file's size: the strict checks a local header gets
+(offsets within the file) need both."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import queue
 import re
 import struct
 import threading
-import time
 from pathlib import Path
 
 from ...errors import InputError, UsageError, redact
 from ..names import INDEX_NAME, MANIFEST_NAME
 from ..safetensors.header import MAX_HEADER_BYTES, Header, parse_header
+from .http_range import read_head
 
 # What a Hub download fetches: weights, configs, tokenizer files; not code or docs folders.
 HUB_PATTERNS = ["*.safetensors", "*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "tokenizer*"]
@@ -30,7 +30,6 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 METADATA_MAX_BYTES = 4096  # a `hf download --local-dir` metadata file is three short lines
 FIRST_BYTES = 1 << 20  # the first request asks for this much: most headers (V4's are about 100-300 KB) fit
 HEADER_THREADS = 8  # shard headers read from the Hub at once (V4-Pro has about 64 shards)
-REQUEST_DEADLINE_S = 60.0  # seconds one ranged request may take in all (a read timeout restarts on every byte)
 WAIT_STEP_S = 0.5  # the main thread wakes this often while headers are read: a signal is handled at once
 
 
@@ -158,56 +157,19 @@ def resolve_source_root(spec: str, revision: str | None, offline: bool,
     return snap, allowed, spec, commit
 
 
-def _get(url: str, start: int, end: int, token) -> tuple[bytes, int]:
-    """Bytes [start, end] of the file at `url` and the file's total size. At most end + 1 bytes are read, also
-    from a server that ignores Range and sends the whole file (a shard is gigabytes)."""
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
-    try:
-        headers = {**build_hf_headers(token=token), "Range": f"bytes={start}-{end}"}
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as r:
-            if r.status_code >= 400:
-                r.read()  # the error's body, for hf_raise_for_status's message
-            hf_raise_for_status(r)
-            first = start if r.status_code == 206 else 0  # the file offset of the body's first byte
-            body = _read_at_most(r.iter_bytes(), end + 1 - first, time.monotonic() + REQUEST_DEADLINE_S)
-            total = r.headers.get("Content-Range", "").rpartition("/")[2]
-            size = int(total) if total.isdigit() else int(r.headers.get("Content-Length", first + len(body)))
-    except OSError:
-        raise
-    except Exception as e:  # the HTTP client's transport errors are not OSErrors: made one, as a socket's would be
-        raise ConnectionError(f"{e.__class__.__name__}: {e}") from e
-    return body[start - first:], size
-
-
-def _read_at_most(chunks, limit: int, deadline: float = float("inf")) -> bytes:
-    """The first `limit` bytes of a stream of chunks; the rest is not read. A TimeoutError past `deadline`
-    (time.monotonic()): a server sending a byte at a time never trips a read timeout."""
-    got: list[bytes] = []
-    n = 0
-    for chunk in chunks:
-        got.append(chunk)
-        n += len(chunk)
-        if n >= limit:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{n} of {limit} bytes after {REQUEST_DEADLINE_S:.0f} s, the most one request may take")
-    return b"".join(got)[:limit]
-
-
 def remote_header(repo_id: str, filename: str, revision: str, token=None) -> Header:
     """The validated header of the safetensors file `filename` of `repo_id` at `revision`, read from the Hub."""
     from huggingface_hub import hf_hub_url
 
     url = hf_hub_url(repo_id, filename, revision=revision)
     where = f"{repo_id}/{filename}@{revision}"
-    data, size = _get(url, 0, FIRST_BYTES - 1, token)
+    data, size = read_head(url, 0, FIRST_BYTES - 1, token, where)
     if len(data) < 8:
         raise InputError(f"{where}: {size} bytes, too short for a safetensors header; the file on the Hub is not a "
                          "safetensors file")
     (n,) = struct.unpack("<Q", data[:8])
     if 8 + n > len(data) and n <= MAX_HEADER_BYTES and 8 + n <= size:
-        data += _get(url, len(data), 8 + n - 1, token)[0]
+        data += read_head(url, len(data), 8 + n - 1, token, where)[0]
     header = parse_header(data[:8], lambda k: data[8:8 + k], size, where)
     return Header(Path(filename), header.file_size, header.data_start, header.tensors, header.metadata)
 
@@ -271,7 +233,7 @@ def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[
             return remote_header(repo_id, rel, revision), None
         except InputError as e:
             return None, str(e)
-        except OSError as e:  # huggingface_hub's HTTP errors; transport errors (_get raises them as ConnectionError)
+        except OSError as e:  # the cache folder, huggingface_hub's own HTTP errors
             return None, redact(f"{repo_id}/{rel}@{revision}: reading its header from the Hub failed "
                                 f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and "
                                 "token")
