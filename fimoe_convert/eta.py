@@ -1,22 +1,26 @@
 """The time a conversion is estimated to take, printed by `--dry-run` and labeled as an estimate.
 
 Measured, not assumed, on samples of real size: for each kind of unit (routed experts, each leg of them; dense
-rewrites), the largest and the smallest unit are read and converted twice, which gives a cost per unit and per byte
-(the second run) and the one-time costs (the first run's excess: kernel compiles; and the model card's imports),
-which a conversion pays too.
-SRC's read rate comes from reading at least SAMPLE_READ_BYTES of inputs, the sha256 rate from hashing
-HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and, given OUT, its disk's write rate from a
-probe file written as shards are. The stages overlap in the pipeline but share the cores: the estimate is the
-larger of the longest stage and their sum spread over the cores free now (the speed-up of hashing on several
-threads at once). For a Hub repo whose weights are not downloaded, the units are zeros of the same dtypes and
-shapes (the conversion's time does not depend on the values), and only the conversion's share is estimated."""
+rewrites), the largest and the smallest unit are read and converted, then converted again (up to WARM_RUNS times,
+the median kept), which gives a cost per unit and per byte and the first call's excess (kernel compiles, torch's
+first use). The one-time costs a conversion pays before and after its units are measured too: the seconds the
+caller took to open SRC and plan (FlashInfer's import, for a kernel target: most of a small conversion's time), the
+first calls' excess, and the model card's imports. SRC's read rate comes from reading at least SAMPLE_READ_BYTES of
+inputs, the sha256 rate from hashing HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and,
+given OUT, its disk's write rate from a probe file written as shards are. The stages overlap in the pipeline but
+share the cores: their part is the larger of the longest stage and their sum spread over the cores free now (the
+speed-up of hashing on several threads at once); the one-time costs come on top. For a Hub repo whose weights are
+not downloaded, the units are zeros of the same dtypes and shapes (the conversion's time does not depend on the
+values), and only the conversion's share is estimated."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from .errors import FimoeError
 from .files.output.space import write_rate as write_rate_of
@@ -25,6 +29,34 @@ from .sizes import human
 SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
 HASH_SAMPLE_BYTES = 8 * 1000**2  # bytes hashed (best of three) to measure sha256's rate
 WRITE_SAMPLE_BYTES = 32 << 20  # bytes written to a probe file in OUT to measure its disk's write rate
+WARM_RUNS = 3  # warm runs of each sample unit at most, the median kept: a busy machine stalls one now and then
+WARM_BUDGET_S = 0.5  # seconds of warm runs per sample unit after which no more are started
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds a conversion is estimated to take, by part. Paid once, one after the other: `setup` (opening SRC and
+    planning, FlashInfer's import included for a kernel target), `first_calls` (the sample units' first runs'
+    excess over their warm runs), `card` (the model card's imports). Stages over the whole conversion, overlapping
+    in the pipeline: `convert` (every unit), `read`, `hash`, `write`, with `parallel` cores' worth of them at once."""
+
+    setup: float
+    first_calls: float
+    card: float
+    convert: float
+    read: float
+    hash: float
+    write: float
+    parallel: float
+
+    @property
+    def once(self) -> float:
+        return self.setup + self.first_calls + self.card
+
+    def total(self) -> float:
+        """The one-time costs, then the stages: the longest of them, or their sum spread over the free cores."""
+        stages = (self.convert, self.read, self.hash, self.write)
+        return self.once + max(*stages, sum(stages) / max(self.parallel, 1.0))
 
 
 def _secs(s: float) -> str:
@@ -110,17 +142,32 @@ def _card_seconds() -> float:
 
 
 def _hash_rate() -> float:
-    data, best = bytes(HASH_SAMPLE_BYTES), float("inf")  # sha256 takes as long for any bytes
-    for _ in range(3):  # the best of three: other processes share the cores
+    data, runs = bytes(HASH_SAMPLE_BYTES), []  # sha256 takes as long for any bytes
+    for _ in range(3):  # the median of three: other processes share the cores, with the conversion too
         t0 = time.perf_counter()
         hashlib.sha256(data).digest()
-        best = min(best, time.perf_counter() - t0)
-    return len(data) / max(best, 1e-6)
+        runs.append(time.perf_counter() - t0)
+    return len(data) / max(statistics.median(runs), 1e-6)
 
 
-def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, float | None]:
+def time_unit(target, unit, inputs) -> tuple[float, float]:
+    """(seconds of the first run, median seconds of the warm runs after it) of `target` converting `unit`."""
+    t0 = time.perf_counter()
+    target.run(unit, inputs)
+    first = time.perf_counter() - t0
+    warm: list[float] = []
+    while len(warm) < WARM_RUNS and sum(warm) < WARM_BUDGET_S:
+        t0 = time.perf_counter()
+        target.run(unit, inputs)
+        warm.append(time.perf_counter() - t0)
+    return first, statistics.median(warm)
+
+
+def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0.0) -> tuple[str, float | None]:
     """(one line for the user, seconds or None); `notice(line)` is told first what is timed (it takes seconds).
-    With `out_dir`, its disk's write rate is measured too (a probe file, removed at once)."""
+    With `out_dir`, its disk's write rate is measured too (a probe file, removed at once). `setup_s`: the seconds
+    the caller took to open SRC and make `plan` (a conversion pays them too: FlashInfer's import for a kernel
+    target, which makes most of a small conversion's time)."""
     if not plan.units:
         return "ETA: not estimated (nothing to convert)", None
     units = list(plan.units.values())
@@ -131,27 +178,23 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
         notice(f"timing {len(picked)} sample unit{'s' if len(picked) > 1 else ''} ("
                + ", ".join(f"{u.key}, {human(u.out_bytes)}" for u in picked)
                + f") of --target {target.kernel.name} on {device} to estimate the conversion's time...")
-    timed, read_s, in_bytes, once_s = {}, 0.0, 0, 0.0
+    timed, read_s, in_bytes, first_calls_s = {}, 0.0, 0, 0.0
     try:
         for u in picked:
             t0 = time.perf_counter()
             inputs = {n: source.read(n) if local else source.zeros(n) for n in u.inputs}
             read_s += time.perf_counter() - t0
             in_bytes += sum(source.info(n).nbytes for n in u.inputs)
-            t0 = time.perf_counter()
-            target.run(u, inputs)
-            first_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            target.run(u, inputs)
-            timed[u.key] = time.perf_counter() - t0
-            once_s += max(first_s - timed[u.key], 0.0)  # compiles and warm-ups: a conversion pays them once too
+            first_s, timed[u.key] = time_unit(target, u, inputs)
+            first_calls_s += max(first_s - timed[u.key], 0.0)  # compiles and warm-ups: a conversion pays them too
     except FimoeError as e:
         return f"ETA: not estimated (converting a sample unit failed: {e})", None
-    once_s += _card_seconds()
-    convert_s = unit_seconds(units, timed) + once_s
+    card_s = _card_seconds()
+    units_s = unit_seconds(units, timed)
     big = picked[0]
     sample = f"{big.key}, {human(big.out_bytes)} in {_secs(timed[big.key])}"
     if not local:  # nothing of SRC was read, so no read rate: the conversion's own share only
+        convert_s = setup_s + first_calls_s + card_s + units_s
         return (f"ETA: converting takes about {convert_s:.0f} s after the download of {human(plan.read_bytes)} "
                 f"(estimate: {len(picked)} sample units of zeros with the checkpoint's shapes converted on {device}, "
                 f"the largest {sample}; the weights are not in the local cache, so neither the download nor the "
@@ -171,16 +214,17 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
     hash_rate = _hash_rate()
     write_bytes = sum(s.nbytes for s in plan.shards)
     write_rate = write_rate_of(out_dir, WRITE_SAMPLE_BYTES) if out_dir is not None else None
-    read_total_s = plan.read_bytes / read_rate
-    hash_s = (plan.read_bytes + write_bytes) / hash_rate
-    write_s = write_bytes / write_rate if write_rate else 0.0
     cores = _cores()
-    parallel = _parallelism(cores)
-    secs = max(convert_s, read_total_s, hash_s, write_s, (convert_s + read_total_s + hash_s + write_s) / parallel)
-    writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {write_s:.1f} s" if write_rate else
+    c = Costs(setup=setup_s, first_calls=first_calls_s, card=card_s, convert=units_s,
+              read=plan.read_bytes / read_rate, hash=(plan.read_bytes + write_bytes) / hash_rate,
+              write=write_bytes / write_rate if write_rate else 0.0, parallel=_parallelism(cores))
+    secs = c.total()
+    writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {c.write:.1f} s" if write_rate else
               "writing OUT not measured")
-    return (f"ETA: {_when(secs)} (estimate, measured here: {len(units)} units convert in about {convert_s:.1f} s on "
-            f"{device}, {once_s:.1f} s of it one-time costs (largest sample {sample}); reading "
-            f"{human(plan.read_bytes)} at {human(read_rate)}/s about {read_total_s:.1f} s; hashing "
-            f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {hash_s:.1f} s; "
-            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {parallel:.1f} of them free now)"), secs
+    line = (f"ETA: {_when(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
+            f"planning {c.setup:.1f} s, first calls {c.first_calls:.1f} s, the model card's imports {c.card:.1f} s); "
+            f"{len(units)} units convert in about {c.convert:.1f} s on {device} (largest sample {sample}); reading "
+            f"{human(plan.read_bytes)} at {human(read_rate)}/s about {c.read:.1f} s; hashing "
+            f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {c.hash:.1f} s; "
+            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {c.parallel:.1f} of them free now)")
+    return line, secs
