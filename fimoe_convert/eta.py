@@ -30,6 +30,7 @@ from .sizes import human
 SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
 HASH_SAMPLE_BYTES = 8 * 1000**2  # bytes hashed (best of three) to measure sha256's rate
 WRITE_SAMPLE_BYTES = 32 << 20  # bytes written to a probe file in OUT to measure its disk's write rate
+PARALLEL_PROBES = 5  # probes of the free cores, the median kept
 WARM_RUNS = 3  # warm runs of each sample unit at most, the median kept: a busy machine stalls one now and then
 WARM_BUDGET_S = 0.5  # seconds of warm runs per sample unit after which no more are started
 
@@ -112,21 +113,26 @@ def _cores() -> int:
 
 def _parallelism(cores: int) -> float:
     """How many of the cores this process gets now (other processes may hold some): the speed-up of sha256 over
-    the same bytes on up to four threads at once (hashlib lets go of the GIL), between 1 and that count."""
+    the same bytes on up to four threads at once (hashlib lets go of the GIL), between 1 and that count; the
+    median of PARALLEL_PROBES (one probe of a few ms read 2.0 free cores of a machine at load 8, then 1.0)."""
     n = min(cores, 4)
     if n < 2:
         return 1.0
     data = bytes(HASH_SAMPLE_BYTES // 2)
-    t0 = time.perf_counter()
-    hashlib.sha256(data).digest()
-    one = time.perf_counter() - t0
-    threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
+
+    def probe() -> float:
+        t0 = time.perf_counter()
+        hashlib.sha256(data).digest()
+        one = time.perf_counter() - t0
+        threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
+
+    return statistics.median(probe() for _ in range(PARALLEL_PROBES))
 
 
 def _card_seconds() -> float:
