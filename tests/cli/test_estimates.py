@@ -104,6 +104,8 @@ class FakeClock:
     def perf_counter(self) -> float:
         return self.now
 
+    thread_time = perf_counter
+
 
 @dataclass(frozen=True)
 class TimedUnit(FakeUnit):
