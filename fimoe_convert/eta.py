@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import FimoeError
-from .files.output.space import write_rate as write_rate_of
+from .files.output.space import small_write_seconds, write_rate as write_rate_of
 from .sizes import human
 
 SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
@@ -39,8 +39,9 @@ WARM_BUDGET_S = 0.5  # seconds of warm runs per sample unit after which no more 
 class Costs:
     """Seconds a conversion is estimated to take, by part. Paid once, one after the other: `setup` (opening SRC and
     planning, FlashInfer's import included for a kernel target), `first_calls` (the sample units' first runs'
-    excess over their warm runs), `card` (the model card's imports). Stages over the whole conversion, overlapping
-    in the pipeline: `convert` (every unit), `read`, `hash`, `write`, with `parallel` cores' worth of them at once."""
+    excess over their warm runs), `card` (the model card's imports), `metadata` (OUT's small files). Stages over
+    the whole conversion, overlapping in the pipeline: `convert` (every unit), `read`, `hash`, `write`, with
+    `parallel` cores' worth of them at once."""
 
     setup: float
     first_calls: float
@@ -50,10 +51,11 @@ class Costs:
     hash: float
     write: float
     parallel: float
+    metadata: float = 0.0  # the manifest, index, config, model card and copied files, each written and fsynced
 
     @property
     def once(self) -> float:
-        return self.setup + self.first_calls + self.card
+        return self.setup + self.first_calls + self.card + self.metadata
 
     def total(self) -> float:
         """The one-time costs, then the stages: the longest of them, or their sum spread over the free cores."""
@@ -237,15 +239,22 @@ def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0
     hash_rate = _hash_rate()
     write_bytes = sum(s.nbytes for s in plan.shards)
     write_rate = write_rate_of(out_dir, WRITE_SAMPLE_BYTES) if out_dir is not None else None
+    # Written one by one, each fsynced: the first and the last manifest, a manifest update per shard, the index,
+    # config.json, the model card and SRC's small files.
+    meta_each = small_write_seconds(out_dir) if out_dir is not None else None
+    meta_files = 5 + len(plan.shards) + len([r for r in source.extra_files if r != "README.md"]) if meta_each else 0
     cores = _cores()
     c = Costs(setup=setup_s, first_calls=first_calls_s, card=card_s, convert=units_s,
               read=plan.read_bytes / read_rate, hash=(plan.read_bytes + write_bytes) / hash_rate,
-              write=write_bytes / write_rate if write_rate else 0.0, parallel=_parallelism(cores))
+              write=write_bytes / write_rate if write_rate else 0.0, parallel=_parallelism(cores),
+              metadata=meta_files * meta_each if meta_each else 0.0)
+    meta = f", {meta_files} metadata files {c.metadata:.1f} s" if meta_each else ""
     secs = c.total()
     writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {c.write:.1f} s" if write_rate else
               "writing OUT not measured")
     line = (f"ETA: {_when(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
-            f"planning {c.setup:.1f} s, first calls {c.first_calls:.1f} s, the model card's imports {c.card:.1f} s); "
+            f"planning {c.setup:.1f} s, first calls {c.first_calls:.1f} s, the model card's imports {c.card:.1f} s"
+            f"{meta}); "
             f"{len(units)} units convert in about {c.convert:.1f} s on {device} (largest sample {sample}); reading "
             f"{human(plan.read_bytes)} at {human(read_rate)}/s about {c.read:.1f} s; hashing "
             f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {c.hash:.1f} s; "

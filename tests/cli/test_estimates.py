@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from fimoe_convert import console, conversion, eta
-from fimoe_convert.files.output.space import write_rate
+from fimoe_convert.files.output.space import small_write_seconds, write_rate
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,12 @@ def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
     assert p.line() == "converting: 51.00 MB of 100.00 MB (51%), 2.00 MB/s, about 24 s left"
 
 
-def test_the_write_probe_measures_and_leaves_nothing(tmp_path):
+def test_the_write_probes_measure_and_leave_nothing(tmp_path):
     out = tmp_path / "not" / "yet"  # OUT need not exist: the probe goes to the nearest folder above it
     rate = write_rate(out, 2 << 20)
     assert rate is not None and rate > 0
+    each = small_write_seconds(out)
+    assert each is not None and each > 0
     assert list(tmp_path.iterdir()) == []
 
 
@@ -90,6 +92,7 @@ def test_a_dry_run_of_a_16_byte_median_estimates_seconds_not_minutes(tiny_ckpt, 
     (eta.Costs(1.5, 0.25, 0.25, convert=4.0, read=1.0, hash=2.0, write=1.0, parallel=4.0), 2.0 + 4.0),
     (eta.Costs(0.0, 0.0, 0.0, convert=1.0, read=1.0, hash=1.0, write=5.0, parallel=2.0), 5.0),
     (eta.Costs(8.0, 0.0, 0.0, convert=0.5, read=0.0, hash=0.0, write=0.0, parallel=0.5), 8.5),  # never < 1 core
+    (eta.Costs(1.0, 0.0, 0.0, convert=2.0, read=0.0, hash=0.0, write=0.0, parallel=1.0, metadata=0.5), 3.5),
 ])
 def test_the_one_time_costs_come_on_top_of_the_overlapping_stages(costs, want):
     assert costs.total() == want
