@@ -1,11 +1,12 @@
 """The time a conversion is estimated to take, printed by `--dry-run` and labeled as an estimate.
 
 Measured, not assumed, on samples of real size: for each kind of unit (routed experts, each leg of them; dense
-rewrites), the largest and the smallest unit are read and converted, then converted again (up to WARM_RUNS times,
-the median kept), which gives a cost per unit and per byte and the first call's excess (kernel compiles, torch's
-first use). The one-time costs a conversion pays before and after its units are measured too: the seconds the
-caller took to open SRC and plan (FlashInfer's import, for a kernel target: most of a small conversion's time), the
-first calls' excess, and the model card's imports. SRC's read rate comes from reading at least SAMPLE_READ_BYTES of
+rewrites), the largest and the smallest unit are read and converted on a thread of their own, as the pipeline
+converts, then converted again (up to WARM_RUNS times, the median kept), which gives a cost per unit and per byte
+and the first call's excess (kernel compiles, torch's first use). The one-time costs a conversion pays before and
+after its units are measured too: the seconds the caller took to open SRC and plan (FlashInfer's import, for a
+kernel target: most of a small conversion's time), the first calls' excess, the model card's imports and, given
+OUT, its small files (each fsynced: a probe of one). SRC's read rate comes from reading at least SAMPLE_READ_BYTES of
 inputs, the sha256 rate from hashing HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and,
 given OUT, its disk's write rate from a probe file written as shards are. The stages overlap in the pipeline but
 share the cores: their part is the larger of the longest stage and their sum spread over the cores free now (the
