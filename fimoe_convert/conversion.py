@@ -126,7 +126,9 @@ def _convert(req: Request, opts: ConvertOptions, t0: float) -> ConvertResult:
         todo = [s for s in plan.shards if s.filename not in kept]
         result = _result(out_dir, source, converter, plan, kept, todo, req)
         if req.dry_run:
-            result.estimate = eta.estimate(source, converter, plan, req.notice, out_dir=out_dir)[0]
+            # What this run took so far (SRC opened, the plan made, FlashInfer imported), a conversion takes too.
+            result.estimate, result.estimate_seconds = eta.estimate(source, converter, plan, req.notice,
+                                                                    out_dir=out_dir, setup_s=time.perf_counter() - t0)
             result.seconds = time.perf_counter() - t0
             return result
         # 6. OUT, and the first manifest (complete: false, every input's identity), before any shard.

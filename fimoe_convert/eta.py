@@ -1,30 +1,67 @@
 """The time a conversion is estimated to take, printed by `--dry-run` and labeled as an estimate.
 
 Measured, not assumed, on samples of real size: for each kind of unit (routed experts, each leg of them; dense
-rewrites), the largest and the smallest unit are read and converted twice, which gives a cost per unit and per byte
-(the second run) and the one-time costs (the first run's excess: kernel compiles; and the model card's imports),
-which a conversion pays too.
-SRC's read rate comes from reading at least SAMPLE_READ_BYTES of inputs, the sha256 rate from hashing
-HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and, given OUT, its disk's write rate from a
-probe file written as shards are. The stages overlap in the pipeline but share the cores: the estimate is the
-larger of the longest stage and their sum spread over the cores free now (the speed-up of hashing on several
-threads at once). For a Hub repo whose weights are not downloaded, the units are zeros of the same dtypes and
-shapes (the conversion's time does not depend on the values), and only the conversion's share is estimated."""
+rewrites), the largest and the smallest unit are read and converted on a thread of their own, as the pipeline
+converts, then converted again (up to WARM_RUNS times, the median kept), which gives a cost per unit and per byte
+and the first call's excess (kernel compiles, torch's first use). The one-time costs a conversion pays before and
+after its units are measured too: the seconds the caller took to open SRC and plan (FlashInfer's import, for a
+kernel target: most of a small conversion's time), the first calls' excess, the model card's imports and, given
+OUT, its small files (each fsynced: a probe of one). SRC's read rate comes from reading at least SAMPLE_READ_BYTES of
+inputs, the sha256 rate from hashing HASH_SAMPLE_BYTES (a conversion hashes every input and every output), and,
+given OUT, its disk's write rate from a probe file written as shards are. The stages overlap in the pipeline but
+share the cores: their part is the larger of the longest stage and their sum spread over the cores free now (the
+speed-up of hashing on several threads at once); the one-time costs come on top. For a Hub repo whose weights are
+not downloaded, the units are zeros of the same dtypes and shapes (the conversion's time does not depend on the
+values), and only the conversion's share is estimated."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import statistics
 import sys
+import threading
 import time
+from dataclasses import dataclass
 
 from .errors import FimoeError
-from .files.output.space import write_rate as write_rate_of
+from .files.output.space import small_write_seconds, write_rate as write_rate_of
 from .sizes import human
 
 SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
 HASH_SAMPLE_BYTES = 8 * 1000**2  # bytes hashed (best of three) to measure sha256's rate
 WRITE_SAMPLE_BYTES = 32 << 20  # bytes written to a probe file in OUT to measure its disk's write rate
+PARALLEL_PROBES = 5  # probes of the free cores, the median kept
+WARM_RUNS = 3  # warm runs of each sample unit at most, the median kept: a busy machine stalls one now and then
+WARM_BUDGET_S = 0.5  # seconds of warm runs per sample unit after which no more are started
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds a conversion is estimated to take, by part. Paid once, one after the other: `setup` (opening SRC and
+    planning, FlashInfer's import included for a kernel target), `first_calls` (the sample units' first runs'
+    excess over their warm runs), `card` (the model card's imports), `metadata` (OUT's small files). Stages over
+    the whole conversion, overlapping in the pipeline: `convert` (every unit), `read`, `hash`, `write`, with
+    `parallel` cores' worth of them at once."""
+
+    setup: float
+    first_calls: float
+    card: float
+    convert: float
+    read: float
+    hash: float
+    write: float
+    parallel: float
+    metadata: float = 0.0  # the manifest, index, config, model card and copied files, each written and fsynced
+
+    @property
+    def once(self) -> float:
+        return self.setup + self.first_calls + self.card + self.metadata
+
+    def total(self) -> float:
+        """The one-time costs, then the stages: the longest of them, or their sum spread over the free cores."""
+        stages = (self.convert, self.read, self.hash, self.write)
+        return self.once + max(*stages, sum(stages) / max(self.parallel, 1.0))
 
 
 def _secs(s: float) -> str:
@@ -79,23 +116,26 @@ def _cores() -> int:
 
 def _parallelism(cores: int) -> float:
     """How many of the cores this process gets now (other processes may hold some): the speed-up of sha256 over
-    the same bytes on up to four threads at once (hashlib lets go of the GIL), between 1 and that count."""
-    import threading
-
+    the same bytes on up to four threads at once (hashlib lets go of the GIL), between 1 and that count; the
+    median of PARALLEL_PROBES (one probe of a few ms read 2.0 free cores of a machine at load 8, then 1.0)."""
     n = min(cores, 4)
     if n < 2:
         return 1.0
     data = bytes(HASH_SAMPLE_BYTES // 2)
-    t0 = time.perf_counter()
-    hashlib.sha256(data).digest()
-    one = time.perf_counter() - t0
-    threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
+
+    def probe() -> float:
+        t0 = time.perf_counter()
+        hashlib.sha256(data).digest()
+        one = time.perf_counter() - t0
+        threads = [threading.Thread(target=lambda: hashlib.sha256(data).digest()) for _ in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return min(max(n * one / max(time.perf_counter() - t0, 1e-6), 1.0), float(n))
+
+    return statistics.median(probe() for _ in range(PARALLEL_PROBES))
 
 
 def _card_seconds() -> float:
@@ -110,17 +150,50 @@ def _card_seconds() -> float:
 
 
 def _hash_rate() -> float:
+    """sha256's bytes per second on one core, from this thread's CPU time: the core's speed, not how often other
+    processes took it during a few ms (that read 219 MB/s of a 1.5 GB/s core at load 6); how many cores are free
+    is _parallelism's measure."""
     data, best = bytes(HASH_SAMPLE_BYTES), float("inf")  # sha256 takes as long for any bytes
-    for _ in range(3):  # the best of three: other processes share the cores
-        t0 = time.perf_counter()
+    for _ in range(3):
+        t0 = time.thread_time()
         hashlib.sha256(data).digest()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
     return len(data) / max(best, 1e-6)
 
 
-def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, float | None]:
+def time_unit(target, unit, inputs) -> tuple[float, float]:
+    """(seconds of the first run, median seconds of the warm runs after it) of `target` converting `unit`, on a
+    thread of its own as the pipeline converts (on the main thread, torch's intra-op threads stalled a 3 ms unit
+    for 400 ms on a busy machine); the first run counts the thread's start."""
+    got: dict = {}
+
+    def runs() -> None:
+        try:
+            target.run(unit, inputs)
+            got["first"] = time.perf_counter() - t0
+            warm: list[float] = []
+            while len(warm) < WARM_RUNS and sum(warm) < WARM_BUDGET_S:
+                t1 = time.perf_counter()
+                target.run(unit, inputs)
+                warm.append(time.perf_counter() - t1)
+            got["warm"] = statistics.median(warm)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            got["error"] = e
+
+    thread = threading.Thread(target=runs, name="fimoe-eta", daemon=True)
+    t0 = time.perf_counter()
+    thread.start()
+    thread.join()
+    if "error" in got:
+        raise got["error"]
+    return got["first"], got["warm"]
+
+
+def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0.0) -> tuple[str, float | None]:
     """(one line for the user, seconds or None); `notice(line)` is told first what is timed (it takes seconds).
-    With `out_dir`, its disk's write rate is measured too (a probe file, removed at once)."""
+    With `out_dir`, its disk's write rate is measured too (a probe file, removed at once). `setup_s`: the seconds
+    the caller took to open SRC and make `plan` (a conversion pays them too: FlashInfer's import for a kernel
+    target, which makes most of a small conversion's time)."""
     if not plan.units:
         return "ETA: not estimated (nothing to convert)", None
     units = list(plan.units.values())
@@ -131,27 +204,23 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
         notice(f"timing {len(picked)} sample unit{'s' if len(picked) > 1 else ''} ("
                + ", ".join(f"{u.key}, {human(u.out_bytes)}" for u in picked)
                + f") of --target {target.kernel.name} on {device} to estimate the conversion's time...")
-    timed, read_s, in_bytes, once_s = {}, 0.0, 0, 0.0
+    timed, read_s, in_bytes, first_calls_s = {}, 0.0, 0, 0.0
     try:
         for u in picked:
             t0 = time.perf_counter()
             inputs = {n: source.read(n) if local else source.zeros(n) for n in u.inputs}
             read_s += time.perf_counter() - t0
             in_bytes += sum(source.info(n).nbytes for n in u.inputs)
-            t0 = time.perf_counter()
-            target.run(u, inputs)
-            first_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            target.run(u, inputs)
-            timed[u.key] = time.perf_counter() - t0
-            once_s += max(first_s - timed[u.key], 0.0)  # compiles and warm-ups: a conversion pays them once too
+            first_s, timed[u.key] = time_unit(target, u, inputs)
+            first_calls_s += max(first_s - timed[u.key], 0.0)  # compiles and warm-ups: a conversion pays them too
     except FimoeError as e:
         return f"ETA: not estimated (converting a sample unit failed: {e})", None
-    once_s += _card_seconds()
-    convert_s = unit_seconds(units, timed) + once_s
+    card_s = _card_seconds()
+    units_s = unit_seconds(units, timed)
     big = picked[0]
     sample = f"{big.key}, {human(big.out_bytes)} in {_secs(timed[big.key])}"
     if not local:  # nothing of SRC was read, so no read rate: the conversion's own share only
+        convert_s = setup_s + first_calls_s + card_s + units_s
         return (f"ETA: converting takes about {convert_s:.0f} s after the download of {human(plan.read_bytes)} "
                 f"(estimate: {len(picked)} sample units of zeros with the checkpoint's shapes converted on {device}, "
                 f"the largest {sample}; the weights are not in the local cache, so neither the download nor the "
@@ -171,16 +240,24 @@ def estimate(source, target, plan, notice=None, out_dir=None) -> tuple[str, floa
     hash_rate = _hash_rate()
     write_bytes = sum(s.nbytes for s in plan.shards)
     write_rate = write_rate_of(out_dir, WRITE_SAMPLE_BYTES) if out_dir is not None else None
-    read_total_s = plan.read_bytes / read_rate
-    hash_s = (plan.read_bytes + write_bytes) / hash_rate
-    write_s = write_bytes / write_rate if write_rate else 0.0
+    # Written one by one, each fsynced: the first and the last manifest, a manifest update per shard, the index,
+    # config.json, the model card and SRC's small files.
+    meta_each = small_write_seconds(out_dir) if out_dir is not None else None
+    meta_files = 5 + len(plan.shards) + len([r for r in source.extra_files if r != "README.md"]) if meta_each else 0
     cores = _cores()
-    parallel = _parallelism(cores)
-    secs = max(convert_s, read_total_s, hash_s, write_s, (convert_s + read_total_s + hash_s + write_s) / parallel)
-    writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {write_s:.1f} s" if write_rate else
+    c = Costs(setup=setup_s, first_calls=first_calls_s, card=card_s, convert=units_s,
+              read=plan.read_bytes / read_rate, hash=(plan.read_bytes + write_bytes) / hash_rate,
+              write=write_bytes / write_rate if write_rate else 0.0, parallel=_parallelism(cores),
+              metadata=meta_files * meta_each if meta_each else 0.0)
+    meta = f", {meta_files} metadata files {c.metadata:.1f} s" if meta_each else ""
+    secs = c.total()
+    writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {c.write:.1f} s" if write_rate else
               "writing OUT not measured")
-    return (f"ETA: {_when(secs)} (estimate, measured here: {len(units)} units convert in about {convert_s:.1f} s on "
-            f"{device}, {once_s:.1f} s of it one-time costs (largest sample {sample}); reading "
-            f"{human(plan.read_bytes)} at {human(read_rate)}/s about {read_total_s:.1f} s; hashing "
-            f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {hash_s:.1f} s; "
-            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {parallel:.1f} of them free now)"), secs
+    line = (f"ETA: {_when(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
+            f"planning {c.setup:.1f} s, first calls {c.first_calls:.1f} s, the model card's imports {c.card:.1f} s"
+            f"{meta}); "
+            f"{len(units)} units convert in about {c.convert:.1f} s on {device} (largest sample {sample}); reading "
+            f"{human(plan.read_bytes)} at {human(read_rate)}/s about {c.read:.1f} s; hashing "
+            f"{human(plan.read_bytes + write_bytes)} in and out at {human(hash_rate)}/s about {c.hash:.1f} s; "
+            f"{writes}; they overlap on {cores} core{'s' if cores > 1 else ''}, {c.parallel:.1f} of them free now)")
+    return line, secs

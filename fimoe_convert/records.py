@@ -671,6 +671,7 @@ class ConvertResult(Record):
     report: TargetReport = field(default_factory=TargetReport)
     device_peak_bytes: int | None = None  # on CUDA: the most device memory allocated at once
     estimate: str = ""  # --dry-run: the time the conversion is estimated to take, and how that was measured
+    estimate_seconds: float | None = None  # --dry-run: that time in seconds (None where not estimated)
     # SRC's files named like the tool's own (fimoe-manifest.json, ...): neither read nor copied into OUT
     skipped: list[str] = field(default_factory=list)
     # Seconds: `start` until the first shard (imports excluded), then per stage, summed over --writers lanes:

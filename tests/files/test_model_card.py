@@ -187,11 +187,12 @@ def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
     lines = res.stdout.splitlines()  # the notice of the sample timing goes to stderr, before it
     assert re.match(r"timing \d sample units? ", res.stderr) and lines[0] == "plan for --target bf16 on cpu: 3 shards"
     assert re.fullmatch(r"read [0-9.]+ MB, write [0-9.]+ MB, free disk [0-9.]+ [kMGT]?B", lines[4])
-    assert re.fullmatch(r"ETA: about ([0-9.]+ s|[0-9.]+ min|[0-9.]+ h) \(estimate, measured here: 32 units "
-                        r"convert in about [0-9.]+ s on cpu, [0-9.]+ s of it one-time costs \(largest sample "
-                        r"\S+, 196\.61 kB in [0-9.]+ ms\); reading 4\.84 MB at [0-9.]+ [kMGT]?B/s "
-                        r"about [0-9.]+ s; hashing [0-9.]+ MB in and out at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
-                        r"writing [0-9.]+ [kMGT]?B at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
+    assert re.fullmatch(r"ETA: about ([0-9.]+ s|[0-9.]+ min|[0-9.]+ h) \(estimate, measured here: one-time costs "
+                        r"about [0-9.]+ s \(opening SRC and planning [0-9.]+ s, first calls [0-9.]+ s, the model "
+                        r"card's imports [0-9.]+ s, 11 metadata files [0-9.]+ s\); 32 units convert in about "
+                        r"[0-9.]+ s on cpu \(largest sample \S+, 196\.61 kB in [0-9.]+ ms\); reading 4\.84 MB at "
+                        r"[0-9.]+ [kMGT]?B/s about [0-9.]+ s; hashing [0-9.]+ MB in and out at [0-9.]+ [kMGT]?B/s "
+                        r"about [0-9.]+ s; writing [0-9.]+ [kMGT]?B at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
                         r"they overlap on \d+ cores?, [0-9.]+ of them free now\)",
                         lines[5]), lines[5]
     assert not out.exists()

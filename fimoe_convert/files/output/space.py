@@ -33,6 +33,37 @@ def stray_single_file(out_dir: Path, listed: dict) -> str | None:
             f"the shards; move it out of {out_dir}")
 
 
+def _probe_folder(out_dir: Path) -> Path:
+    """OUT, or the nearest folder above it that exists: where a probe file goes."""
+    folder = Path(out_dir).absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def small_write_seconds(out_dir: Path, runs: int = 3) -> float | None:
+    """Seconds OUT's disk takes to write a small file as the metadata files are (a temporary name, fsync, rename,
+    fsync of the folder; atomic_write_bytes), the median of `runs` probe files removed at once; None where no
+    folder can be written."""
+    import statistics
+    import tempfile
+    import time
+
+    from ...errors import InputError
+    from .atomic import atomic_write_bytes
+
+    folder, took = _probe_folder(out_dir), []
+    try:
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory(prefix=".fimoe-meta-probe-", dir=folder) as d:
+                t0 = time.perf_counter()
+                atomic_write_bytes(Path(d) / "probe.json", bytes(4096))
+                took.append(time.perf_counter() - t0)
+    except (OSError, InputError):  # InputError: atomic_write_bytes's own, naming the file
+        return None
+    return statistics.median(took)
+
+
 def write_rate(out_dir: Path, nbytes: int) -> float | None:
     """Bytes per second at which OUT's disk takes a shard's writes, from writing `nbytes` as the shard writer does
     (O_DIRECT where the file system takes it, then fsync) into a hidden probe file in OUT or the nearest folder above
@@ -43,9 +74,7 @@ def write_rate(out_dir: Path, nbytes: int) -> float | None:
 
     from ..safetensors.writer import _direct_opener
 
-    folder = Path(out_dir).absolute()
-    while not folder.is_dir() and folder != folder.parent:
-        folder = folder.parent
+    folder = _probe_folder(out_dir)
     block = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT wants
     try:
         fd, name = tempfile.mkstemp(prefix=".fimoe-write-probe-", dir=folder)
