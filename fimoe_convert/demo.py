@@ -27,7 +27,7 @@ def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None
     work = fresh_folder(workdir)
     t0 = time.perf_counter()
     # Expert scales within the MXFP4 window of the megamoe kernel, so both targets convert losslessly.
-    src = make_checkpoint(work / "src", "tiny", hidden=256, inter=128, extreme_scales=False)
+    src = make_checkpoint(work / "src", "tiny", extreme_scales=False)
     say(f"made tiny DeepSeek V4 checkpoint {src} ({human(folder_bytes(src))})")
     rows = []
     for target in DEMO_TARGETS:

@@ -30,7 +30,7 @@ def flash_ratios(layers: int, first_window: int = 2) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class FixtureSpec:
     hidden: int = 256
-    inter: int = 128
+    inter: int = 256
     experts: int = 8
     top_k: int = 2
     layers: int = 3
@@ -43,7 +43,7 @@ class FixtureSpec:
     o_lora: int = 128
     o_groups: int = 2
     index_heads: int = 2
-    index_head_dim: int = 64
+    index_head_dim: int = 128
     index_topk: int = 8
     rope_dim: int = 16  # qk_rope_head_dim
     routed_scaling: float = 1.5

@@ -23,7 +23,7 @@ for e in vllm sglang; do
   "$work/venv-$e/bin/python" -c "import importlib.metadata as m; print('venv-$e:', ', '.join(p + ' ' + m.version(p)
     for p in ('$e', 'torch', 'transformers', 'compressed-tensors', 'sentencepiece')))"
 done
-# The tiny source: indexer head 128 (the only size the engines' indexer kernels take) and expert intermediate 256
+# The tiny preset: indexer head 128 (the only size the engines' indexer kernels take) and expert intermediate 256
 # (two 128-blocks, so that TP 2 gives each rank whole FP8 blocks, as TP 8 does with the release's 2048).
 declare -A target=([bf16]="bf16" [fp8_block_f32]="fp8_block --param scale_dtype=f32" [fp8_block]="fp8_block"
                    [bf16_dense_bf16]="bf16 --param dense=bf16")
@@ -32,7 +32,7 @@ outputs=${OUTPUTS:-bf16 fp8_block_f32 fp8_block bf16_dense_bf16}
   flock 9
   if [ ! -f "$work/src/.complete" ]; then
     rm -rf "$work/src"
-    "$py" "$here/../make_fixture.py" "$work/src" --preset tiny --index-head-dim 128 --inter 256 >/dev/null
+    "$py" "$here/../make_fixture.py" "$work/src" --preset tiny >/dev/null
     touch "$work/src/.complete"
   fi
   for o in $outputs; do

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from fimoe_convert.cli import main
+from fimoe_convert.testing import PRESETS
 
 
 def run(*args):
@@ -43,7 +44,7 @@ def test_the_flags_order_does_not_change_the_output(tiny_ckpt, tmp_path):
 
 
 def test_dry_run_prints_plan(tiny_ckpt, tmp_path):
-    r = run(str(tiny_ckpt), str(tmp_path / "out"), "--dry-run", "--shard-size", "4MB", "--device", "cpu")
+    r = run(str(tiny_ckpt), str(tmp_path / "out"), "--dry-run", "--shard-size", "7MB", "--device", "cpu")
     assert r.exit_code == 0
     assert "plan for --target bf16 on cpu: 3 shards" in r.stdout and "free disk" in r.stdout
     assert not (tmp_path / "out").exists()
@@ -88,7 +89,8 @@ def test_inspect_and_targets(tiny_ckpt):
     r = run("inspect", str(tiny_ckpt))
     assert r.exit_code == 0
     assert (
-        "deepseek_v4 (v4), experts fp4, hidden 256, moe_intermediate 128, 8 experts top-2, 3 layers + 1 MTP" in r.stdout
+        f"deepseek_v4 (v4), experts fp4, hidden 256, moe_intermediate {PRESETS['tiny'].inter}, 8 experts top-2, "
+        "3 layers + 1 MTP" in r.stdout
     )
     assert "routed expert I8: 96" in r.stdout and "bf16: fits" in r.stdout
     r = run("targets", "--json")

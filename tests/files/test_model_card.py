@@ -21,8 +21,10 @@ from fimoe_convert.files.output.manifest import MANIFEST_NAME, Manifest
 from fimoe_convert.hub import model_card
 from fimoe_convert.kernels import get_kernel
 from fimoe_convert.targets import TargetOptions, target_record
+from fimoe_convert.testing import PRESETS
 
 TOKEN = "hf_CardTokenMustNotLeak0123456789abcdef"
+TINY = PRESETS["tiny"]
 BF16_CMD = "fimoe-convert ./DeepSeek-V4-Tiny OUT --shard-size 3MB"
 
 
@@ -91,7 +93,7 @@ def test_bf16_card(bf16_out, tiny_ckpt):
     # The load snippet runs as written (against the local OUT).
     scope: dict = {}
     exec(python_block(card.text, bf16_out), scope)
-    assert scope["w1"].dtype == torch.bfloat16 and tuple(scope["w1"].shape) == (128, 256)
+    assert scope["w1"].dtype == torch.bfloat16 and tuple(scope["w1"].shape) == (TINY.inter, TINY.hidden)
     # The card is listed in the manifest, so verify covers it.
     assert "README.md" in m["files"] and verify(str(bf16_out)).problems == []
 
@@ -182,17 +184,19 @@ def test_hub_cache_source_two_conversions_give_identical_digests(hub_cache, tmp_
 
 def test_dry_run_prints_plan_free_disk_and_a_labeled_eta(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
-    res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--dry-run", "--shard-size", "4MB"])
+    res = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--dry-run", "--shard-size", "7MB"])
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()  # the notice of the sample timing goes to stderr, before it
+    # the largest sample, an expert's three BF16 legs of inter x hidden; the tiny source's tensor bytes
+    sample_kb, read_mb = f"{3 * TINY.inter * TINY.hidden * 2 / 1e3:.2f}".replace(".", r"\."), r"7\.05"
     assert re.match(r"timing \d sample units? ", res.stderr) and lines[0] == "plan for --target bf16 on cpu: 3 shards"
     assert re.fullmatch(r"read [0-9.]+ MB, write [0-9.]+ MB, free disk [0-9.]+ [kMGT]?B", lines[4])
     assert re.fullmatch(r"ETA: about ([0-9.]+ s|[0-9.]+ min|[0-9.]+ h) \(estimate, measured here: one-time costs "
                         r"about [0-9.]+ s \(opening SRC and planning [0-9.]+ s, first calls [0-9.]+ s, the model "
                         r"card's imports [0-9.]+ s, 11 metadata files [0-9.]+ s\); 32 units convert in about "
-                        r"[0-9.]+ s on cpu \(largest sample \S+, 196\.61 kB in [0-9.]+ ms\); reading 4\.84 MB at "
-                        r"[0-9.]+ [kMGT]?B/s about [0-9.]+ s; hashing [0-9.]+ MB in and out at [0-9.]+ [kMGT]?B/s "
-                        r"about [0-9.]+ s; writing [0-9.]+ [kMGT]?B at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
+                        rf"[0-9.]+ s on cpu \(largest sample \S+, {sample_kb} kB in [0-9.]+ ms\); reading {read_mb} "
+                        r"MB at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; hashing [0-9.]+ MB in and out at "
+                        r"[0-9.]+ [kMGT]?B/s about [0-9.]+ s; writing [0-9.]+ [kMGT]?B at [0-9.]+ [kMGT]?B/s about [0-9.]+ s; "
                         r"they overlap on \d+ cores?, [0-9.]+ of them free now\)",
                         lines[5]), lines[5]
     assert not out.exists()
@@ -205,4 +209,4 @@ def test_fp8_block_card_snippet_loads_fp8_experts(tiny_ckpt, tmp_path):
     assert "FP8 E4M3 routed experts" in text and "BF16 routed experts" not in text
     scope: dict = {}
     exec(python_block(text, out), scope)
-    assert scope["w1"].dtype == torch.float8_e4m3fn and tuple(scope["w1"].shape) == (128, 256)
+    assert scope["w1"].dtype == torch.float8_e4m3fn and tuple(scope["w1"].shape) == (TINY.inter, TINY.hidden)

@@ -24,7 +24,7 @@ from fimoe_convert.files.output.lock import OutLock
 
 @pytest.fixture
 def out_copy(bf16_out_of, tmp_path) -> Path:
-    return Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    return Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "out"))
 
 
 def after_verify(monkeypatch, act):
@@ -142,7 +142,7 @@ def test_upload_repo_publishes_while_the_conversion_holds_outs_lock(hub, tiny_ck
         return real(out_dir, repo_id, **kwargs)
 
     monkeypatch.setattr(publish, "upload", upload_checking_the_lock)
-    res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo=REPO)
+    res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="7MB", upload_repo=REPO)
     assert res.upload.files == 10
     assert len(seen) == 1 and "another fimoe-convert run is writing into it" in seen[0], seen
     assert arrived(hub, REPO) == expected_files(out)
@@ -183,7 +183,7 @@ def test_upload_repo_checks_the_network_before_converting(hub, tiny_ckpt, tmp_pa
 def test_a_failed_upload_repo_names_the_command_that_finishes_it(hub, tiny_ckpt, tmp_path):  # noqa: F811
     out = tmp_path / "out"
     hub.fail_once("POST", r"/commit/")
-    r = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--shard-size", "4MB", "--upload-repo", REPO])
+    r = CliRunner().invoke(main, [str(tiny_ckpt), str(out), "--shard-size", "7MB", "--upload-repo", REPO])
     assert r.exit_code == 1
     cmd = f"fimoe-convert upload {out} {REPO}"
     assert f"finish it with `{cmd}`" in r.output, r.output
@@ -241,7 +241,7 @@ def published(bf16_out_of, tmp_path, monkeypatch):
     import huggingface_hub.constants as hf_constants
     from helpers.hub_files import HubFiles
 
-    folder = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "published"))
+    folder = Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "published"))
     with HubFiles(PUBLISHED, folder, PUBLISHED_COMMIT) as h:
         monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
         monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
@@ -266,7 +266,7 @@ def test_verify_of_a_published_conversion_reads_no_shard(published):
     assert r.problems == [] and r.files == 9 and r.revision == PUBLISHED_COMMIT
     assert shard_bytes_sent(published) == []  # headers by range only
     res = CliRunner().invoke(main, ["verify", PUBLISHED])
-    assert res.exit_code == 0 and "\nok: 9 files, 9.50 MB match the manifest" in res.output, res.output
+    assert res.exit_code == 0 and "\nok: 9 files, 16.34 MB match the manifest" in res.output, res.output
 
 
 @pytest.mark.parametrize("damage, problem", [

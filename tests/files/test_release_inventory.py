@@ -80,7 +80,7 @@ def test_sparse_v4_flash_checkpoint_holds_the_inventory(tmp_path):
 @pytest.mark.parametrize("layer, ratio, compressor, indexer", [(0, 0, None, False), (1, 4, (4, 256), True),
                                                                (2, 128, (128, 128), False)])
 def test_tiny_has_every_layer_kind_of_the_release(layer, ratio, compressor, indexer):
-    """tiny (head_dim 128, index_head_dim 64): one sliding-window, one CSA and one HCA layer, as compress_ratios
+    """tiny (head_dim 128, index_head_dim 128): one sliding-window, one CSA and one HCA layer, as compress_ratios
     says."""
     spec = fixture_spec("tiny")
     assert spec.config_ratios() == [0, 4, 128, 0] and spec.ratio(layer) == ratio
@@ -89,7 +89,8 @@ def test_tiny_has_every_layer_kind_of_the_release(layer, ratio, compressor, inde
     assert table.get(f"{p}.compressor.ape", (None, None))[1] == compressor
     assert (f"{p}.indexer.wq_b.scale" in table) == (f"{p}.indexer.compressor.ape" in table) == indexer
     if indexer:
-        assert table[f"{p}.indexer.compressor.wkv.weight"] == ("BF16", (128, 256))
+        # a ratio-4 compressor: 2 x index_head_dim rows
+        assert table[f"{p}.indexer.compressor.wkv.weight"] == ("BF16", (2 * spec.index_head_dim, spec.hidden))
         assert table[f"{p}.indexer.weights_proj.weight"] == ("BF16", (2, 256))
     assert table[f"{p}.wo_a.weight"] == ("F8_E4M3", (256, 256))  # o_groups 2 x o_lora 128, 4 x 128 / 2
     assert {"mtp.0.hc_head_fn", "mtp.0.e_proj.scale", "layers.0.ffn.gate.tid2eid"} <= set(table)

@@ -156,7 +156,7 @@ def config_field_missing(src):
 
 
 def config_contradicts_tensors(src):
-    damage._config(src, moe_intermediate_size=256)
+    damage._config(src, moe_intermediate_size=2 * damage.TINY.inter)
 
 
 def index_names_dot(src):  # found by scripts/reliability/fuzz_headers.py: crashed with IndexError
@@ -212,7 +212,8 @@ BAD_INPUTS = [(f, m) for f, m in damage.CASES] + [
     (
         config_contradicts_tensors,
         r"^error: 192 routed-expert tensors do not match config\.json, e\.g\. tensor "
-        r"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[128, 128\], expected I8 \[256, 128\]",
+        rf"'layers\.0\.ffn\.experts\.0\.w1\.weight': I8 \[{damage.TINY.inter}, {damage.TINY.hidden // 2}\], "
+        rf"expected I8 \[{2 * damage.TINY.inter}, {damage.TINY.hidden // 2}\]",
     ),
     (index_names_dot, r"shard name '\.' is not a plain relative path"),
     (index_names_nul, r"shard name 'a\\x00b\.safetensors' is not a plain relative path"),
@@ -608,7 +609,7 @@ def test_input_hashes_come_from_every_file_once_and_a_vanished_file_is_named(tin
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target, cores, writers, threads", [
-    ("bf16", 16, 4, 3),  # output 1.9x the input (experts 3.8x, the rest copied): fewer hashers than the lanes
+    ("bf16", 16, 4, 2),  # output 2.3x the input (experts 3.8x, the rest copied): fewer hashers than the lanes
     ("megamoe_sm90_mxfp4", 16, 4, 4),  # output the size of the input: one per lane
     ("megamoe_sm90_mxfp4", 2, 4, 1),  # at most one per 4 cores
 ])

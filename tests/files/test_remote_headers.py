@@ -76,7 +76,7 @@ def test_dry_run_of_a_hub_repo_plans_as_a_local_one_without_the_weights(tiny_ckp
     for key in ("plan", "shards", "bytes_read", "bytes_written"):
         assert got[key] == want[key], key
     assert re.fullmatch(
-        r"ETA: converting takes about \d+ s after the download of 4\.84 MB \(estimate: \d+ sample units of zeros "
+        r"ETA: converting takes about \d+ s after the download of 7\.05 MB \(estimate: \d+ sample units of zeros "
         r"with the checkpoint's shapes converted on cpu, the largest \S+, [0-9.]+ \w?B in [0-9.]+ m?s; the weights "
         r"are not in the local cache, so neither the download nor the read rate is measured\)",
         got["estimate"],

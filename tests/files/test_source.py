@@ -9,8 +9,11 @@ import pytest
 
 from fimoe_convert.errors import InputError, UsageError, ValidationError
 from fimoe_convert.files.sources.local import open_source
+from fimoe_convert.testing import PRESETS
 
 INDEX = "model.safetensors.index.json"
+TINY = PRESETS["tiny"]
+W1_BYTES = TINY.inter * TINY.hidden // 2  # an FP4 gate weight: two values a byte
 
 
 def _index(src: Path) -> dict:
@@ -141,8 +144,8 @@ def _drop_tensor(shard: Path, name: str) -> None:
 
 
 def scale_wrong_shape(src):
-    def edit(h):
-        h[f"{EXPERT}.scale"]["shape"] = [64, 16]
+    def edit(h):  # as many bytes as the real [inter, hidden / 32], another shape
+        h[f"{EXPERT}.scale"]["shape"] = [TINY.inter // 2, TINY.hidden // 32 * 2]
     _rewrite_header(_shard_of(src, f"{EXPERT}.scale"), edit)
 
 
@@ -173,7 +176,8 @@ CASES = [
     (overlapping, r"at data offset \d+ overlaps the previous tensor"),
     (
         bytes_vs_shape,
-        r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': 16384 bytes in the file, but I8 \[128, 64\] needs 8192",
+        rf"tensor 'layers\.1\.ffn\.experts\.3\.w1\.weight': {W1_BYTES} bytes in the file, "
+        r"but I8 \[128, 64\] needs 8192",
     ),
     (missing_shard, r"names shard 'model-0000\d-of-00004\.safetensors', which does not exist"),
     (
@@ -186,7 +190,8 @@ CASES = [
     (missing_scale, r"layers\.1: 1 routed-expert tensors missing, e\.g\. layers\.1\.ffn\.experts\.3\.w1\.scale"),
     (
         scale_wrong_shape,
-        r"tensor 'layers\.1\.ffn\.experts\.3\.w1\.scale': F8_E8M0 \[64, 16\], expected F8_E8M0 \[128, 8\]",
+        rf"tensor 'layers\.1\.ffn\.experts\.3\.w1\.scale': F8_E8M0 \[{TINY.inter // 2}, {TINY.hidden // 32 * 2}\], "
+        rf"expected F8_E8M0 \[{TINY.inter}, {TINY.hidden // 32}\]",
     ),
     (traversal, r"shard name '\.\./x\.safetensors' is not a plain relative path"),
     (absolute, r"shard name '/etc/passwd' is not a plain relative path"),
@@ -213,8 +218,8 @@ def test_bad_checkpoint_is_refused_with_a_named_problem(tiny_copy, damage, match
      r"8 routed-expert tensors|routed-expert tensors lie outside the 4 MoE blocks x 4 experts"),
     ({"num_hidden_layers": 4}, r"num_hidden_layers is 4, but the index holds 3 layers \(layers\.0 to layers\.2\); "
                                r"the checkpoint is incomplete"),
-    ({"moe_intermediate_size": 256}, r"expected I8 \[256, 128\]"),
-    ({"expert_dtype": None}, r"expected F8_E4M3 \[128, 256\] \(expert_dtype fp8"),
+    ({"moe_intermediate_size": 2 * TINY.inter}, rf"expected I8 \[{2 * TINY.inter}, {TINY.hidden // 2}\]"),
+    ({"expert_dtype": None}, rf"expected F8_E4M3 \[{TINY.inter}, {TINY.hidden}\] \(expert_dtype fp8"),
     ({"num_experts_per_tok": 9}, r"num_experts_per_tok is 9; expected at most n_routed_experts \(8\)"),
 ])
 def test_config_missing_or_contradicting_tensors(tiny_copy, changes, match):
@@ -270,5 +275,5 @@ def test_valid_source_reads_by_name_across_shards(tiny_ckpt):
     shards = {s.weight_map[f"layers.1.ffn.experts.{j}.w1.weight"] for j in range(8)}
     assert len(shards) == 2  # the fixture spreads one layer's experts over two shards
     t = s.read("layers.1.ffn.experts.7.w2.scale")
-    assert t.shape == (256, 4) and str(t.dtype) == "torch.float8_e8m0fnu"
+    assert t.shape == (TINY.hidden, TINY.inter // 32) and str(t.dtype) == "torch.float8_e8m0fnu"
     assert s.model.moe_blocks == ["layers.0", "layers.1", "layers.2", "mtp.0"]

@@ -370,9 +370,9 @@ def test_stream_flags_are_refused_before_anything_is_read(tiny_ckpt, tmp_path):
 
 
 def test_upload_repo_publishes_the_verified_output(hub, tiny_ckpt, tmp_path):  # noqa: F811
-    # 4MB: the tiny fixture's 9.5 MB of BF16 output in 3 shards
+    # 7MB: the tiny fixture's 16.3 MB of BF16 output in 3 shards
     out = tmp_path / "out"
-    res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="4MB", upload_repo="fimoe-test/tiny-bf16")
+    res = convert(str(tiny_ckpt), str(out), "bf16", shard_size="7MB", upload_repo="fimoe-test/tiny-bf16")
     assert res.upload.url == f"{hub.url}/fimoe-test/tiny-bf16" and res.upload.files == 10
     assert arrived(hub, "fimoe-test/tiny-bf16") == expected_files(out)
     assert hashlib.sha256((out / "fimoe-manifest.json").read_bytes()).hexdigest() == hashlib.sha256(
@@ -463,13 +463,13 @@ def test_stream_and_upload_repo_in_one_run(one_hub, served, tiny_ckpt, tmp_path,
     """`--stream --upload-repo` on one Hub endpoint: SRC's shards stream in (none on disk), and the repo receives
     exactly OUT's files, byte for byte, which are the conversion of the downloaded repo."""
     out, dest = tmp_path / "out", "fimoe-test/tiny-v4-bf16"
-    r = CliRunner().invoke(main, [REPO, str(out), "--stream", "--upload-repo", dest, "--shard-size", "4MB", "--json"])
+    r = CliRunner().invoke(main, [REPO, str(out), "--stream", "--upload-repo", dest, "--shard-size", "7MB", "--json"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.output[r.output.index("{"):])
     assert got["upload"]["url"] == f"{served.url}/{dest}" and got["upload"]["files"] == len(expected_files(out))
     assert arrived(one_hub, dest) == expected_files(out)
     assert got["bytes_fetched"] == sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
     assert not list((tmp_path / "cache").rglob("*.safetensors"))
-    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="4MB")  # by the library: no command line
+    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="7MB")  # by the library: no command line
     assert same_files(out, ref) == ["README.md", "fimoe-manifest.json"]  # the card shows the CLI's command
     assert all(q["auth"] == f"Bearer {TOKEN}" for q in one_hub.requests if "/lfs-storage/" not in q["path"])

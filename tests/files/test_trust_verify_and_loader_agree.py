@@ -55,11 +55,11 @@ def test_the_loader_reads_each_tensor_once_however_often_it_is_named(mega, monke
 
 def test_a_structure_naming_one_tensor_over_and_over_is_refused_by_verify_and_the_loader(mega, monkeypatch):
     def repeat(d):
-        node = first_block(d)["structure"]["tuple"][0]  # 278,528 bytes
+        node = first_block(d)["structure"]["tuple"][0]  # 557,056 bytes: 8 experts of l1, 69,632 each
         first_block(d)["structure"]["tuple"] = [node] * 30
 
     edit_manifest(mega, repeat)
-    want = (r"block 'layers\.0' rank 0: structure: its tensor nodes come to 8355840 bytes, more than the \d+ tensor "
+    want = (r"block 'layers\.0' rank 0: structure: its tensor nodes come to 16711680 bytes, more than the \d+ tensor "
             r"bytes of the 1 shard\(s\) they name; a tensor is named over and over")
     problems = verify(str(mega)).problems
     assert len(problems) == 1 and re.search(want, problems[0]), problems
@@ -133,7 +133,7 @@ def drop_last_shard(out: Path, renumber: bool) -> None:
 
 
 def test_a_shard_dropped_with_its_records_is_found_by_its_numbering(bf16_out_of, tmp_path):
-    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    out = Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "out"))
     drop_last_shard(out, renumber=False)
     problems = verify(str(out)).problems
     assert len(problems) == 1 and re.search(r"fimoe-manifest\.json: lists 2 shards named model-I-of-N, numbered "
@@ -141,7 +141,7 @@ def test_a_shard_dropped_with_its_records_is_found_by_its_numbering(bf16_out_of,
 
 
 def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, tiny_ckpt, tmp_path):
-    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    out = Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "out"))
     drop_last_shard(out, renumber=True)
     assert verify(str(out)).problems == []  # consistent records, numbered 1 to N: only the source can tell
     problems = verify(str(out), deep=True, src=str(tiny_ckpt)).problems
@@ -152,7 +152,7 @@ def test_deep_verify_re_derives_the_set_of_tensors_from_the_source(bf16_out_of, 
 
 
 def test_a_complete_manifest_with_an_empty_status_is_refused(bf16_out_of, tmp_path):
-    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    out = Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "out"))
     edit_manifest(out, lambda d: d.update(status={}))
     problems = verify(str(out)).problems
     assert len(problems) == 1 and re.search(r"shard 'model-00001-of-00003\.safetensors' is not recorded as written, "
@@ -288,7 +288,7 @@ def test_verify_racing_a_rewrite_of_out_says_so(bf16_out_of, tmp_path, monkeypat
     import fimoe_convert.files.hashing as hashing
     from fimoe_convert.cli import main
 
-    out = Path(shutil.copytree(bf16_out_of("4MB"), tmp_path / "out"))
+    out = Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "out"))
     real = hashing.hash_files
 
     def overwritten_meanwhile(paths, progress=None, threads=None):

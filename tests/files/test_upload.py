@@ -290,7 +290,7 @@ REPO = "fimoe-test/tiny-bf16"
 @pytest.fixture
 def bf16_out(bf16_out_of) -> Path:
     """A finished bf16 OUT with three shards (read-only for tests: copy before damaging)."""
-    return bf16_out_of("4MB")
+    return bf16_out_of("7MB")
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ KERNEL = "megamoe_sm90_mxfp4"  # a kernel target the CPU converts (FlashInfer's 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    """The tiny checkpoint with 32 experts a block in 2 shards: each shard (about 5 MB) well past the 1 MiB that a
+    """The tiny checkpoint with 32 experts a block in 2 shards: each shard (7 MB, 11 MB) well past the 1 MiB that a
     header read asks for, so that a shard sent whole is told from a header and some ranges."""
     return make_checkpoint(tmp_path_factory.mktemp("deep-src") / "ckpt", "tiny", experts=32, shards=2)
 

@@ -15,7 +15,10 @@ from fimoe_convert.files.output.manifest import read_manifest
 from fimoe_convert.files.safetensors.header import read_header
 from fimoe_convert.files.sources.local import open_source
 from fimoe_convert.numerics.fp8 import EXACT_SPAN, fp4_to_fp8_block
-from fimoe_convert.testing import make_checkpoint
+from fimoe_convert.testing import PRESETS, make_checkpoint
+
+TINY = PRESETS["tiny"]
+TILES = (TINY.inter // 128) * (TINY.hidden // 128)  # 128x128 tiles of one expert matrix (every preset here)
 
 # Independent references ----------------------------------------------------------------------------
 
@@ -114,7 +117,7 @@ def test_fp8_dequantizes_to_exactly_the_fp4_values(tiny_ckpt, fp8_out):
         assert s.dtype == torch.float8_e8m0fnu and tuple(s.shape) == (-(-out_dim // 128), -(-in_dim // 128))
         want = ref_fp4_f32(src[name], src[sname])
         assert same_bits(ref_fp8_f32(w, s, (128, 128)), want), name  # values and signs of zero
-    assert res.report.fp8_block.lossy_tiles == 0 and res.report.fp8_block.tiles == 4 * 8 * 3 * 2
+    assert res.report.fp8_block.lossy_tiles == 0 and res.report.fp8_block.tiles == 4 * 8 * 3 * TILES
 
 
 @pytest.mark.slow
@@ -211,7 +214,7 @@ def test_lossy_fixture_is_refused_naming_tensor_and_tile(tmp_path):
     with pytest.raises(
         InputError,
         match=r"^tensor 'layers\.0\.ffn\.experts\.0\.w1\.weight': tile \(0, 0\) \(rows 0\.\.127, "
-        r"columns 0\.\.127\) is not exact in FP8 E4M3 \(2 of 2 tiles of this tensor are "
+        rf"columns 0\.\.127\) is not exact in FP8 E4M3 \({TILES} of {TILES} tiles of this tensor are "
         r"lossy\): its per-32 scale bytes span \d+\.\.\d+, more than the 14 steps .*"
         r"run again with --allow-lossy --overwrite",
     ):
@@ -235,12 +238,12 @@ def test_lossy_fixture_with_allow_lossy_reports_count_and_worst_error(tmp_path):
         assert same_bits(dst[name], rw), name  # the rule, applied as stated, even where it loses
         diff = got != want
         tiles += dst[sname].numel()
-        lossy += int(diff.view(2 if "w2" in name else 1, 128, -1, 128).any(dim=3).any(dim=1).sum())
+        lossy += int(diff.view(diff.shape[0] // 128, 128, -1, 128).any(dim=3).any(dim=1).sum())
         if diff.any():
             err = (got - want).abs()[diff]
             worst_abs = max(worst_abs, float(err.max()))
             worst_rel = max(worst_rel, float((err / want.abs()[diff]).max()))
-    assert rep.tiles == tiles == 2 * 4 * 3 * 2
+    assert rep.tiles == tiles == 2 * 4 * 3 * TILES
     assert rep.lossy_tiles == lossy > 0
     assert rep.worst_abs_err == worst_abs > 0
     assert rep.worst_rel_err == worst_rel > 0
@@ -280,7 +283,7 @@ def test_one_widened_group_makes_exactly_one_lossy_tile(tiny_copy, tmp_path):
     with pytest.raises(
         InputError,
         match=rf"^tensor '{name}\.weight': tile \(1, 0\) \(rows 128\.\.255, columns 0\.\.127\) "
-        r"is not exact in FP8 E4M3 \(1 of 2 tiles",
+        rf"is not exact in FP8 E4M3 \(1 of {TILES} tiles",
     ):
         convert(str(tiny_copy), str(tmp_path / "out"), "fp8_block")
     res = convert(str(tiny_copy), str(tmp_path / "lossy"), "fp8_block", allow_lossy=True)

@@ -99,10 +99,10 @@ def megamoe_small_shards(tiny_ckpt, tmp_path_factory):
     return out
 
 
-# Per expert, l1 is 34816 bytes of tiles + 4 of global scale, l2 17408 + 4; a rank holds 4 experts.
+# Per expert, l1 is 69632 bytes of tiles + 4 of global scale, l2 34816 + 4; a rank holds 4 experts.
 @pytest.mark.parametrize("max_memory, writers, l1_chunks, l2_chunks", [
-    pytest.param("2MiB", 1, 4, 2, marks=pytest.mark.slow),  # units of 64 KiB: l1 one expert per unit, l2 three (3 + 1)
-    ("3MiB", 3, 2, 1),  # 96 KiB: l1 two experts, l2 all four
+    pytest.param("4MiB", 1, 4, 2, marks=pytest.mark.slow),  # units of 128 KiB: l1 one expert per unit, l2 three (3 + 1)
+    ("6MiB", 3, 2, 1),  # 192 KiB: l1 two experts, l2 all four
     pytest.param("8GiB", 2, 1, 1, marks=pytest.mark.slow),  # 64 MiB: one unit per leg
 ])
 def test_expert_chunks_give_the_bytes_of_whole_ranks(tiny_ckpt, megamoe_out, megamoe_small_shards, tmp_path,

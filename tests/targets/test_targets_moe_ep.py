@@ -13,9 +13,10 @@ import pytest
 from fimoe_convert import convert
 from fimoe_convert.errors import ValidationError
 from fimoe_convert.inspection import list_targets
-from fimoe_convert.testing import make_checkpoint
+from fimoe_convert.testing import PRESETS, make_checkpoint
 
 pytest.importorskip("flashinfer")
+TINY = PRESETS["tiny"]
 CHECK = Path(__file__).parents[1] / "helpers" / "moe_ep_roundtrip.py"
 
 CPU_TARGETS = [
@@ -129,7 +130,8 @@ def test_manifest_structure_of_kernel_output(kernel_ckpt, tmp_path):
     assert s["experts"] == [4, 8]
     fc1_w = s["structure"]["tuple"][0]["tuple"][0]
     assert fc1_w["tensor"] == "layers.1.ffn.experts.ep1.fc1.0" and fc1_w["dtype"] == "float4_e2m1fn_x2"
-    assert fc1_w["shape"] == [4, 128, 256] and fc1_w["stride"] == [128 * 256, 1, 128]  # K-major view kept
+    k, n = TINY.hidden // 2, 2 * TINY.inter  # FP4 pairs of the hidden dimension; gate and up rows
+    assert fc1_w["shape"] == [4, k, n] and fc1_w["stride"] == [k * n, 1, k]  # K-major view kept
 
 
 
@@ -199,7 +201,8 @@ def test_which_layouts_split_by_expert(target, params, chunks):
 
 
 def test_a_unit_too_big_for_memory_is_refused_with_the_ep_size_that_fits(kernel_ckpt, tmp_path):
-    with pytest.raises(ValidationError, match=r"^--max-memory 300KB: one unit of work \(layers\.0\.ffn\.experts\.ep0\) "
-                                              r"needs about 1\.04 MB \(its output and its inputs\); raise --max-memory "
-                                              r"to at least 1\.04 MB, or use --ep-size 4 \(about 259\.58 kB a unit\)$"):
-        convert(str(kernel_ckpt), str(tmp_path / "out"), "sm120_mxfp4_mxfp8_bf16_cake", max_memory="300KB")
+    # 600KB: below the unit at --ep-size 2 (1.04 MB), above the one at --ep-size 4, the smallest --ep-size that fits
+    with pytest.raises(ValidationError, match=r"^--max-memory 600KB: one unit of work \(layers\.0\.ffn\.experts\.ep0\) "
+                                              r"needs about 2\.08 MB \(its output and its inputs\); raise --max-memory "
+                                              r"to at least 2\.08 MB, or use --ep-size 4 \(about 519\.17 kB a unit\)$"):
+        convert(str(kernel_ckpt), str(tmp_path / "out"), "sm120_mxfp4_mxfp8_bf16_cake", max_memory="600KB")

@@ -14,7 +14,7 @@ from fimoe_convert.errors import ValidationError
 from fimoe_convert.files.sources.local import open_source
 from fimoe_convert.inspection import inspect
 from fimoe_convert.kernels import KERNELS
-from fimoe_convert.testing import make_checkpoint
+from fimoe_convert.testing import fixture_spec, make_checkpoint
 
 # id: (preset, overrides, variant name, MoE blocks, experts per block)
 VARIANTS = {
@@ -151,5 +151,6 @@ def test_variant_fixtures_have_their_distinguishing_features(tmp_path):
     assert "expert_dtype" not in cfg
     assert base["layers.0.ffn.experts.0.w1.weight"].dtype == torch.float8_e4m3fn
     assert base["layers.0.ffn.experts.0.w1.scale"].dtype == torch.float32
-    assert tuple(base["layers.0.ffn.experts.0.w1.scale"].shape) == (1, 2)
+    spec = fixture_spec("base")  # one F32 scale per 128x128 tile of w1 [inter, hidden]
+    assert tuple(base["layers.0.ffn.experts.0.w1.scale"].shape) == (spec.inter // 128, spec.hidden // 128)
     assert base["layers.0.attn.wq_a.scale"].dtype == torch.float32
