@@ -12,24 +12,7 @@ RATES=${1:?usage: bench_stream.sh RATE[,RATE...] [FI_DIR]}
 FI=${2:-.fi}
 OUT=${OUT:-$PWD/gpu-out}; WORK=${WORK:-/tmp}
 mkdir -p "$OUT"
-if ! python3 -c 'import flashinfer.megamoe' 2>/dev/null && [ -f "$FI/flashinfer-megamoe.tgz" ]; then
-  rm -rf "$FI/site" "$FI/stub" && mkdir -p "$FI/site" "$FI/stub"
-  tar xzf "$FI/flashinfer-megamoe.tgz" -C "$FI/site" && rm -rf "$FI/site/tvm_ffi"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$FI/site" "$FI"/apache_tvm_ffi-*.whl || exit
-  # the version check reads installed distributions' names: the bundle is flashinfer-python 0.7.4's package
-  mkdir -p "$FI/site/flashinfer_python-0.7.4.dist-info"
-  printf 'Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.4\n' > "$FI/site/flashinfer_python-0.7.4.dist-info/METADATA"
-  cat > "$FI/stub/sitecustomize.py" <<'EOF'
-import importlib.machinery, os, sys, types
-_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "site", "flashinfer")
-_pkg = types.ModuleType("flashinfer")
-_pkg.__path__ = [_dir]
-_pkg.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None, is_package=True)
-_pkg.__spec__.submodule_search_locations = [_dir]
-sys.modules["flashinfer"] = _pkg
-EOF
-  export PYTHONPATH=$PWD/$FI/stub:$PWD/$FI/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+. "$(dirname "$0")/fi_bundle.sh" "$FI" || exit
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; echo "cores $(nproc)";
   df -h "$WORK" | tail -1; python3 -c 'import sys, torch, huggingface_hub; print(sys.version.split()[0], "torch",
   torch.__version__, "huggingface_hub", huggingface_hub.__version__)'; python3 -c 'import flashinfer.megamoe' &&
