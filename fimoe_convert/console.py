@@ -74,7 +74,7 @@ class Progress:
         self.points: collections.deque[tuple[float, int]] = collections.deque()
         # With parts (a conversion's copies and units): {part: (done, total)}, and (time, part, bytes, seconds) of the
         # calls in the last RATE_WINDOW_S, each charged the seconds since the call before. A copied byte costs far
-        # less than a converted one: the bytes' rate told "3 s left" of 14 s once the copies were done.
+        # less than a converted one: one byte rate over copies done first told "1 s left" of 5 s of units.
         self.parts: dict[str, tuple[int, int]] = {}
         self.charged: collections.deque[tuple[float, str, int, float]] = collections.deque()
         self.charged_ever: dict[str, tuple[int, float]] = {}  # {part: (bytes, seconds)} since the first call
@@ -107,11 +107,11 @@ class Progress:
         grew = {k: d - self.parts.get(k, (0, 0))[0] for k, (d, _) in parts.items()}
         grew = {k: n for k, n in grew.items() if n > 0}
         if self.points and grew:  # the first call's bytes: no seconds known to charge them (as the rate's)
-            seconds = now - self.points[-1][0]
+            per_byte = (now - self.points[-1][0]) / sum(grew.values())
             for k, n in grew.items():
-                self.charged.append((now, k, n, seconds * n / sum(grew.values())))
+                self.charged.append((now, k, n, n * per_byte))
                 b, s = self.charged_ever.get(k, (0, 0.0))
-                self.charged_ever[k] = (b + n, s + seconds * n / sum(grew.values()))
+                self.charged_ever[k] = (b + n, s + n * per_byte)
         while self.charged and self.charged[0][0] <= now - RATE_WINDOW_S:
             self.charged.popleft()
         self.parts = dict(parts)
