@@ -18,6 +18,7 @@ from .sizes import human
 
 PLAIN_EVERY_S = 5.0  # seconds between progress lines when stderr is not a terminal
 RATE_WINDOW_S = 10.0  # the progress rate and time left come from the bytes done in these last seconds
+COPIES, UNITS = "copies", "units"  # a conversion's parts: tensors copied as they are, and units' outputs
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops a command as Ctrl-C does
 
 
@@ -71,12 +72,22 @@ class Progress:
         # from the start: the seconds before the first call (imports, checks, the first unit) and a slow first
         # stretch (the inputs hashed beside) told "3072 s left" of a 20 s job.
         self.points: collections.deque[tuple[float, int]] = collections.deque()
+        # With parts (a conversion's copies and units): {part: (done, total)}, and (time, part, bytes, seconds) of the
+        # calls in the last RATE_WINDOW_S, each charged the seconds since the call before. A copied byte costs far
+        # less than a converted one: one byte rate over copies done first told "1 s left" of 5 s of units.
+        self.parts: dict[str, tuple[int, int]] = {}
+        self.charged: collections.deque[tuple[float, str, int, float]] = collections.deque()
+        self.charged_ever: dict[str, tuple[int, float]] = {}  # {part: (bytes, seconds)} since the first call
 
-    def __call__(self, done: int, total: int) -> None:
+    takes_parts = True  # convert() gives it `parts`
+
+    def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None) -> None:
         if not self.enabled:
             return
         self.done, self.total = done, total
         now = time.monotonic()
+        if parts is not None:
+            self._charge(now, parts)
         self.points.append((now, done))
         while len(self.points) > 2 and self.points[1][0] <= now - RATE_WINDOW_S:
             self.points.popleft()  # the oldest kept is at or just before the window's start
@@ -91,16 +102,56 @@ class Progress:
             self.last = time.monotonic()
             print(self.line(), file=sys.stderr, flush=True)
 
+    def _charge(self, now: float, parts: dict[str, tuple[int, int]]) -> None:
+        """The seconds since the call before, charged to the parts whose bytes this call counts (by their bytes)."""
+        grew = {k: d - self.parts.get(k, (0, 0))[0] for k, (d, _) in parts.items()}
+        grew = {k: n for k, n in grew.items() if n > 0}
+        if self.points and grew:  # the first call's bytes: no seconds known to charge them (as the rate's)
+            per_byte = (now - self.points[-1][0]) / sum(grew.values())
+            for k, n in grew.items():
+                self.charged.append((now, k, n, n * per_byte))
+                b, s = self.charged_ever.get(k, (0, 0.0))
+                self.charged_ever[k] = (b + n, s + n * per_byte)
+        while self.charged and self.charged[0][0] <= now - RATE_WINDOW_S:
+            self.charged.popleft()
+        self.parts = dict(parts)
+
+    def seconds_left(self) -> float | None:
+        """With parts: each part's bytes left at its own seconds per byte (from its calls in the last
+        RATE_WINDOW_S, or since the first call if none was that recent), summed; None until every part with bytes
+        left has been charged some. Without: the bytes left at the rate of the last RATE_WINDOW_S."""
+        if self.parts:
+            recent: dict[str, tuple[int, float]] = {}
+            for _, k, n, s in self.charged:
+                b, t = recent.get(k, (0, 0.0))
+                recent[k] = (b + n, t + s)
+            left = 0.0
+            for k, (d, total) in self.parts.items():
+                if d >= total:
+                    continue
+                b, s = recent.get(k) or self.charged_ever.get(k, (0, 0.0))
+                if b <= 0:
+                    return None
+                left += (total - d) * s / b
+            return left
+        t_old, d_old = self.points[0] if self.points else (self.t0, 0)
+        now = time.monotonic()
+        if now > t_old and self.done > d_old:
+            return (self.total - self.done) * (now - t_old) / (self.done - d_old)
+        return None
+
     def line(self) -> str:
-        """One plain progress line. The rate and the time left come from the bytes done in the last RATE_WINDOW_S
-        (from the first call on); before a second call, the rate since the start, and no time left."""
+        """One plain progress line. The rate comes from the bytes done in the last RATE_WINDOW_S (from the first
+        call on), the time left from seconds_left; before a second call, the rate since the start, and no time
+        left."""
         now = time.monotonic()
         pct = 100 * self.done / self.total if self.total else 100.0
         text = f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%)"
         t_old, d_old = self.points[0] if self.points else (self.t0, 0)
         if now > t_old and self.done > d_old:
             rate = (self.done - d_old) / (now - t_old)
-            left = f", about {(self.total - self.done) / rate:.0f} s left" if self.done < self.total else ""
+            secs = self.seconds_left() if self.done < self.total else None
+            left = "" if secs is None else f", about {secs:.0f} s left"
             return f"{text}, {human(rate)}/s{left}"
         return f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import eta, resume as resuming
 from .checkpoint import check_preset_model
-from .console import signals_deferred
+from .console import COPIES, UNITS, signals_deferred
 from .distributed import Group
 from .errors import InputError, ValidationError
 from .files.hashing import CORES_PER_INPUT_HASH, hash_threads
@@ -66,7 +66,8 @@ def convert(src: str, out: str, target: str | None = None, *, revision: str | No
     """Convert the DeepSeek V4 checkpoint SRC (folder or Hub repo id) into OUT for `target`.
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
-    same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part,
+    same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part (with
+    `parts={COPIES: (done, total), UNITS: (done, total)}` when it has `takes_parts`: their bytes cost differently),
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
     (files/sources/stream.py), `connections` ranged GETs at once (default stream.CONNECTIONS); `upload_repo`:
@@ -329,14 +330,19 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, l
     from .pipeline.lanes import write_shards  # torch's tensors: kept out of this module's import (flags first)
 
     lock = threading.Lock()
-    done = 0
+    copies = sum(t.nbytes for s in todo for t in s.tensors if not t.producers)
+    total = {COPIES: copies, UNITS: result.bytes_written - copies}
+    done = dict.fromkeys(total, 0)
+    parts = getattr(req.progress, "takes_parts", False)
 
-    def on_bytes(n: int) -> None:
-        nonlocal done
+    def on_bytes(n: int, copied: bool) -> None:
         with lock:
-            done += n
-            if req.progress:
-                req.progress(done, result.bytes_written)
+            done[COPIES if copied else UNITS] += n
+            if parts:
+                req.progress(sum(done.values()), result.bytes_written,
+                             parts={k: (done[k], total[k]) for k in total})
+            elif req.progress:
+                req.progress(sum(done.values()), result.bytes_written)
 
     start = time.perf_counter() - t0
     mine, timings = write_shards(plan, todo, source, converter, req.out, lanes, manifest, group.rank, group.world,

@@ -30,12 +30,13 @@ SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch AP
 
 
 class Lanes:
-    """`count` lanes writing `shards` of `plan` into `out_dir`. `on_bytes(n)` after every written chunk,
+    """`count` lanes writing `shards` of `plan` into `out_dir`. `on_bytes(n, copied)` after every written chunk
+    (`copied`: of a tensor copied as it is, not a unit's output),
     `on_shard(shard, written file)` after every finished shard (both from lane threads). `timings`: seconds per
     stage, summed over lanes."""
 
     def __init__(self, plan: Plan, shards: list[OutShard], source: Source, target, out_dir: Path, count: int,
-                 budget: int, on_bytes: Callable[[int], None], on_shard: Callable[[OutShard, FileRecord], None]):
+                 budget: int, on_bytes: Callable[[int, bool], None], on_shard: Callable[[OutShard, FileRecord], None]):
         self.out_dir, self.on_bytes, self.on_shard = out_dir, on_bytes, on_shard
         queue = ShardQueue(shards)
         self.feeders = [Feeder(plan, queue, source, target, budget) for _ in range(count)]
@@ -200,7 +201,7 @@ class _ShardJob:
                         last = chunk.last
                         self.feeder.written(chunk)
                         busy += time.perf_counter() - t1
-                        lanes.on_bytes(nbytes(chunk.data))
+                        lanes.on_bytes(nbytes(chunk.data), not t.producers)
                     writer.end_tensor()
                 t1 = time.perf_counter()
                 rec = writer.finish()
@@ -219,7 +220,7 @@ class _ShardJob:
 
 
 def write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
-                 manifest: LiveManifest, rank: int, world: int, on_bytes: Callable[[int], None]
+                 manifest: LiveManifest, rank: int, world: int, on_bytes: Callable[[int, bool], None]
                  ) -> tuple[dict[str, FileRecord], dict[str, float]]:
     """Write this rank's shards on `lanes` (count, bytes of each one's budget): ({shard file: record} of those
     written, the lanes' timings). Each finished shard is recorded at once (the manifest, or under torchrun a status

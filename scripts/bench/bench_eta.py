@@ -7,7 +7,8 @@ usage: PYTHONPATH=. python3 scripts/bench/bench_eta.py SRC [SRC ...] WORK --case
   --experts 4 --layers 2 (about 300 MB). Each case is one --case "TARGET [--ep-size N] [--param K=V ...]"; every
 case runs on every SRC, the dry run then the conversion, each in a process of its own as the CLI runs. The table
 ends with the ratio real / estimate (1.0: exact) and, for runs with progress lines, the share of the run after
-which every line's time left is within 2x of the time that was left."""
+which every line's time left is within 2x of the time that was left, and the first line past 10% of the run: the
+seconds it said were left, the seconds that were, and their ratio (said / was; 1.0: exact)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from fimoe_convert.cli import main
 main(sys.argv[1:])
 """
 UNITS = {"s": 1, "min": 60, "h": 3600}
+EARLY_SHARE = 0.10  # the share of the run at whose first progress line the time left is shown against the truth
 SETTLED_LEFT_S = 2.0  # lines with less left than this are not judged: whole seconds round them by up to 50%
 
 
@@ -56,6 +58,12 @@ def settled_share(lines: list[dict], convert_s: float, end: float) -> float | No
         elif share is None:
             share = (p["at_s"] - start) / convert_s
     return 1.0 if share is None else share
+
+
+def at_share(lines: list[dict], convert_s: float, end: float, share: float = EARLY_SHARE) -> dict | None:
+    """The first progress line past `share` of the run (from the conversion's start), or None."""
+    start = end - convert_s
+    return next((p for p in lines if p["at_s"] - start >= share * convert_s), None)
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
@@ -85,7 +93,7 @@ def run_case(src: str, work: Path, args: list[str]) -> dict:
     return {"src": src, "args": args, "estimate": estimate, "estimate_s": estimate_s, "convert_s": convert_s,
             "wall_s": round(wall, 2), "dry_run_wall_s": round(dry_wall, 2), "dry_run_s": round(res["seconds"], 2),
             "ratio": round(convert_s / estimate_s, 2), "progress": lines,
-            "settled_share": settled_share(lines, convert_s, end)}
+            "settled_share": settled_share(lines, convert_s, end), "early": at_share(lines, convert_s, end)}
 
 
 def main() -> None:
@@ -99,15 +107,19 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     print(f"{'fixture':<12} {'case':<36} {'estimate s':>10} {'real s':>7} {'ratio':>6} {'dry run s':>9} "
-          f"{'(wall)':>7} {'progress settled':>16}")
+          f"{'(wall)':>7} {'progress settled':>16} {'at 10%: said s':>14} {'was s':>6} {'ratio':>6}")
     for src in a.srcs:
         for case in a.case:
             target, *rest = case.split()
             row = run_case(src, work, ["--target", target, *rest])
             rows.append(row)
             settled = "-" if row["settled_share"] is None else f"at {row['settled_share']:.0%}"
+            e = row["early"]
+            early = f"{'-':>14} {'-':>6} {'-':>6}" if e is None else (
+                f"{e['said_left_s']:>14.0f} {e['was_left_s']:>6.1f} "
+                f"{e['said_left_s'] / max(e['was_left_s'], 1e-9):>6.2f}")
             print(f"{Path(src).name:<12} {case:<36} {row['estimate_s']:>10.2f} {row['convert_s']:>7.1f} "
-                  f"{row['ratio']:>6.2f} {row['dry_run_s']:>9.1f} {row['dry_run_wall_s']:>7.1f} {settled:>16}",
+                  f"{row['ratio']:>6.2f} {row['dry_run_s']:>9.1f} {row['dry_run_wall_s']:>7.1f} {settled:>16} {early}",
                   flush=True)
             for p in row["progress"][:4]:
                 print(f"    at {p['at_s']:.1f} s: said {p['said_left_s']:.0f} s left, {p['was_left_s']:.1f} s were")

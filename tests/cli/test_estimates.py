@@ -66,6 +66,60 @@ def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
     assert p.line() == "converting: 51.00 MB of 100.00 MB (51%), 2.00 MB/s, about 24 s left"
 
 
+MB = 1_000_000
+COPY_MB, UNIT_MB = 200, 100  # a conversion's copies, then its units' outputs
+COPY_MB_S, UNIT_MB_S = 200.0, 10.0  # copies written at I/O rate; units at their (far lower) conversion rate
+RUN_S = COPY_MB / COPY_MB_S + UNIT_MB / UNIT_MB_S  # 11 s
+
+
+def copies_then_units():
+    """(seconds since the start, {part: (done, total)}) of each written 1 MB: the copies first, then the units."""
+    t, done = 0.0, {console.COPIES: 0, console.UNITS: 0}
+    for part, mb, mb_s in ((console.COPIES, COPY_MB, COPY_MB_S), (console.UNITS, UNIT_MB, UNIT_MB_S)):
+        for _ in range(mb):
+            t += 1 / mb_s
+            done[part] += MB
+            yield t, {console.COPIES: (done[console.COPIES], COPY_MB * MB), console.UNITS: (done[console.UNITS],
+                                                                                          UNIT_MB * MB)}
+
+
+def progress_at(monkeypatch, share: float, parts: bool):
+    """A Progress fed copies_then_units() on a fake clock up to the first 1 MB past `share` of the run: (it, the
+    seconds left then)."""
+    now = [0.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
+    p = console.Progress("converting", enabled=False)
+    p.enabled = True
+    monkeypatch.setattr(p, "line", lambda: "")  # only the estimate is under test here, not the printing
+    for t, done in copies_then_units():
+        now[0] = t
+        p(sum(d for d, _ in done.values()), (COPY_MB + UNIT_MB) * MB, parts=done if parts else None)
+        if t >= share * RUN_S:
+            break
+    return p, RUN_S - now[0]
+
+
+@pytest.mark.parametrize("parts, within_2x", [
+    (True, True),  # copies and units each at its own seconds per byte: 9.9 s left said of 9.9 s
+    (False, False),  # one byte rate, the copies' mostly: 0.5 s said of 9.9 s
+])
+def test_the_time_left_at_10_percent_is_within_2x_when_copies_and_units_are_rated_apart(monkeypatch, parts,
+                                                                                        within_2x):
+    p, truth = progress_at(monkeypatch, 0.10, parts)
+    assert p.done == (COPY_MB + 1) * MB  # the copies are done by then, and the first unit MB
+    said = p.seconds_left()
+    assert (0.5 <= said / truth <= 2.0) is within_2x, (said, truth)
+
+
+def test_the_time_left_counts_the_units_once_they_have_a_rate(monkeypatch):
+    p, truth = progress_at(monkeypatch, 0.05, parts=True)  # copies under way, no unit written yet
+    assert p.seconds_left() is None
+    assert not console.Progress.line(p).endswith("s left")
+    p, truth = progress_at(monkeypatch, 0.10, parts=True)
+    assert console.Progress.line(p) == "converting: 201.00 MB of 300.00 MB (67%), 182.65 MB/s, about 10 s left"
+    assert p.seconds_left() == pytest.approx(truth, rel=1e-9)
+
+
 def test_the_write_probes_measure_and_leave_nothing(tmp_path):
     out = tmp_path / "not" / "yet"  # OUT need not exist: the probe goes to the nearest folder above it
     rate = write_rate(out, 2 << 20)
