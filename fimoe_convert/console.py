@@ -130,7 +130,19 @@ _STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this p
 _DEFERRED: list[bool] = []  # inside signals_deferred(): a stop is raised when the block ends
 
 
+# threading's lock bookkeeping: an exception raised there can leave a lock held (Condition.__enter__ between the
+# acquire and the `with` block) and the clean-up then waits on it forever. A stop that lands there comes again.
+_UNSAFE = {getattr(threading.Condition, n).__code__ for n in ("__enter__", "__exit__", "_release_save",
+                                                              "_acquire_restore", "_is_owned", "notify")}
+_AGAIN_S = 0.005  # seconds before a stop that landed in _UNSAFE is sent to the main thread again
+
+
 def _on_signal(signum, frame):
+    if frame is not None and frame.f_code in _UNSAFE:
+        again = threading.Timer(_AGAIN_S, signal.pthread_kill, (threading.main_thread().ident, signum))
+        again.daemon = True
+        again.start()
+        return
     for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
         signal.signal(s, signal.SIG_IGN)
     _STOPPING.append(signum)
