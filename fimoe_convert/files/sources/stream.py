@@ -576,14 +576,14 @@ class StreamedSource(Source):
 
     def _fail(self, error: BaseException) -> None:
         """Stop every fetch and reader with `error`; delete the outputs converted from unverified bytes."""
-        with self._cv:
+        with self._cv:  # deleted before a reader or `verified` wakes to raise the error: OUT is final once raised
             if self._error is None:
                 self._error = error
             self._closed = True
-            pending, self._pending = self._pending, []
+            for _, path, _ in self._pending:
+                path.unlink(missing_ok=True)
+            self._pending = []
             self._cv.notify_all()
-        for _, path, _ in pending:
-            path.unlink(missing_ok=True)
 
     def close(self, failed: bool = False) -> None:
         """End the fetches (the run is over); with `failed`, delete outputs whose sources were not verified."""
