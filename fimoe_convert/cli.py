@@ -49,8 +49,25 @@ def _interrupted(e: KeyboardInterrupt, meta: dict):
     signum = getattr(e, "signum", signal.SIGINT)
     click.echo(f"error: interrupted ({signal.Signals(signum).name}); "
                f"{meta.get(ON_INTERRUPT, 'nothing was left half-done')}", err=True)
+    if _OWN_PROCESS:  # the clean-up is done: the interpreter's shutdown is skipped
+        _exit_now(128 + signum)
     gc.freeze()  # a stop ends within a second or two: the collector's passes over torch's objects at exit took 1.5-2 s
     sys.exit(128 + signum)
+
+
+_OWN_PROCESS: list[bool] = []  # the command runs as this process's own command line (not called from Python)
+
+
+def _exit_now(code: int) -> None:
+    """End the process after a stop, its line printed, without the interpreter's shutdown: threads still blocked in
+    a socket read or in native code (torch) made that take seconds under load, or crash it (exit -11)."""
+    logging.shutdown()  # log files flushed
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
 
 
 class Cli(click.Group):
@@ -75,6 +92,8 @@ class Cli(click.Group):
         then would only cut the interpreter's exit short (exit -2, or a traceback from joining a thread)."""
         if _debug():
             return super().main(args, *rest, **kwargs)
+        if args is None:
+            _OWN_PROCESS.append(True)
         try:
             with signals_interrupt(ignore_after=args is None):
                 return super().main(args, *rest, **kwargs)

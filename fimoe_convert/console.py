@@ -181,7 +181,29 @@ _STOPPED_FROM: dict = {}  # the handlers a stop left ignored, put back if this p
 _DEFERRED: list[bool] = []  # inside signals_deferred(): a stop is raised when the block ends
 
 
+# threading's lock bookkeeping: an exception raised there can leave a lock held (Condition.__enter__ after its
+# acquire, __exit__ before its release) and the clean-up then waits on it forever. A stop that lands there is raised
+# AGAIN_S later, from SIGALRM's handler (not a thread: its start waits in Condition.wait, where the stop would land).
+_UNSAFE = {getattr(threading.Condition, n).__code__ for n in ("__enter__", "__exit__", "_release_save",
+                                                              "_acquire_restore", "_is_owned", "notify")}
+AGAIN_S = 0.001  # seconds
+_HELD: list = []  # [signal, SIGALRM's handler before] while a stop that landed in _UNSAFE waits
+
+
+def _again(_, frame):
+    if _HELD and not _STOPPING:
+        signum, before = _HELD
+        _HELD.clear()
+        signal.signal(signal.SIGALRM, before)
+        _on_signal(signum, frame)
+
+
 def _on_signal(signum, frame):
+    if frame is not None and frame.f_code in _UNSAFE and not _STOPPING:
+        if not _HELD:
+            _HELD.extend([signum, signal.signal(signal.SIGALRM, _again)])
+        signal.setitimer(signal.ITIMER_REAL, AGAIN_S)
+        return
     for s in SIGNALS:  # the clean-up that follows is not interrupted again (a second Ctrl-C)
         signal.signal(s, signal.SIG_IGN)
     _STOPPING.append(signum)

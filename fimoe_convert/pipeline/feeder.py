@@ -106,8 +106,7 @@ class Feeder:
         for t in self.threads:
             t.join(timeout=60)
 
-    @staticmethod
-    def _pump(items, channel: Channel) -> None:
+    def _pump(self, items, channel: Channel) -> None:
         try:
             for item in items():
                 channel.put(item)
@@ -116,7 +115,7 @@ class Feeder:
             return
         except BaseException as e:  # handed on to the writer thread, which raises it
             try:
-                channel.put(e)
+                channel.put(self.source.explain(e))
             except Stopped:
                 pass
 

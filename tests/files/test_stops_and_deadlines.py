@@ -283,6 +283,33 @@ def test_a_stop_that_ended_an_earlier_command_is_not_raised_again(signal_handler
         pytest.fail("the earlier command's stop was raised again")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_landing_in_a_condition_s_enter_comes_again_after_it(signal_handlers, signum):
+    """Raised in Condition.__enter__ after its lock is acquired, a stop would leave the lock held (the `with` never
+    entered) and the clean-up waiting on it forever: the handler lets it pass and sends it again, raised later."""
+    from fimoe_convert.console import Interrupted, _on_signal, signals_interrupt, stopped_by
+
+    class Lock:  # records the frame of Condition.__enter__, the one the handler sees after a C lock's acquire
+        def __enter__(self):
+            self.frame = sys._getframe(1)
+
+        def __exit__(self, *exc):
+            pass
+
+        acquire = release = __exit__
+
+    lock = Lock()
+    with threading.Condition(lock):
+        pass
+    assert lock.frame.f_code is threading.Condition.__enter__.__code__
+    with signals_interrupt():
+        _on_signal(signum, lock.frame)  # let pass: nothing raised here
+        held = stopped_by()
+        with pytest.raises(Interrupted) as stop:
+            time.sleep(10)  # raised again from SIGALRM's handler, here
+    assert held is None and stopped_by() == signum and stop.value.signum == signum
+
+
 SIGINT_AS_THE_COMMAND_ENDS = """
 import os, signal, click.core
 _main = click.core.Command.main

@@ -414,5 +414,6 @@ def test_sigterm_during_a_stalled_first_request_ends_the_command_at_once(tmp_pat
         for c in held:
             c.close()
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert took < 2.0, took  # the HEAD's own timeout is 5 s
+    # the exit takes ~0.01 s; 3 s leaves room for a 2-core machine under load, below the HEAD's own timeout (5 s)
+    assert took < 3.0, took
     assert err.strip().splitlines()[-1].startswith("error: interrupted (SIGTERM)"), err

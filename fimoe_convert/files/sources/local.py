@@ -75,6 +75,11 @@ class Source:
     def interrupt(self) -> None:
         """The conversion stops: a read waiting for bytes that are not here yet ends at once (a streamed source)."""
 
+    def explain(self, error: BaseException) -> BaseException:
+        """What to report for `error`, raised while converting this source's bytes (a streamed source may find
+        that the bytes were not the Hub's): `error` itself here."""
+        return error
+
     def is_local(self, name: str) -> bool:
         return self.weight_map[name] not in self.remote
 

@@ -254,6 +254,7 @@ class StreamedSource(Source):
         self._fetching = 0
         self._waiting: collections.Counter[_Chunk] = collections.Counter()  # pieces readers wait for
         self._sha: dict[str, str] = {}  # verified shards
+        self._read_from: set[str] = set()  # shards whose bytes the conversion took
         self._pending: list[tuple[set[str], Path, Callable[[], None]]] = []
         self._error: BaseException | None = None
         self._closed = self._started = self._early = False
@@ -575,14 +576,14 @@ class StreamedSource(Source):
 
     def _fail(self, error: BaseException) -> None:
         """Stop every fetch and reader with `error`; delete the outputs converted from unverified bytes."""
-        with self._cv:
+        with self._cv:  # deleted before a reader or `verified` wakes to raise the error: OUT is final once raised
             if self._error is None:
                 self._error = error
             self._closed = True
-            pending, self._pending = self._pending, []
+            for _, path, _ in self._pending:
+                path.unlink(missing_ok=True)
+            self._pending = []
             self._cv.notify_all()
-        for _, path, _ in pending:
-            path.unlink(missing_ok=True)
 
     def close(self, failed: bool = False) -> None:
         """End the fetches (the run is over); with `failed`, delete outputs whose sources were not verified."""
@@ -595,6 +596,30 @@ class StreamedSource(Source):
     def interrupt(self) -> None:
         """The conversion stops: readers waiting for bytes wake (raising Stop) and the fetches end, at once."""
         self._fail(Stop("the conversion stopped"))
+
+    def explain(self, error: BaseException) -> BaseException:
+        """What to report for `error`, raised while converting: a check of tensor values can see a bad byte from
+        the Hub before its shard's sha256 does. The shards read from and not verified yet are finished first (their
+        pieces not hashed yet fetched ahead of everything, for the hash alone); their mismatch, or any failure of
+        the streams, is reported in place of `error`. A stop (Ctrl-C) ends the wait."""
+        with self._cv:
+            rels = {r for r in self._read_from if r not in self._sha}
+            pieces = [c for r in rels for c in self._shards[r].chunks if not c.hashed]
+            for c in pieces:
+                c.reads = collections.deque()  # no read will come: released once hashed
+                c.key = (-1, c.shard.order, c.start)
+                if c.queued:
+                    self._push(c)
+                self._waiting[c] += 1  # held pieces needed later are dropped to make room for these
+            self._cv.notify_all()
+            try:
+                self._cv.wait_for(lambda: self._error is not None or rels <= set(self._sha))
+            finally:
+                for c in pieces:
+                    self._waiting[c] -= 1
+                    if not self._waiting[c]:
+                        del self._waiting[c]
+            return error if self._error is None or isinstance(self._error, Stop) else self._error
 
     def after_verified(self, tensors: set[str], path: Path, fn: Callable[[], None]) -> None:
         """Call `fn` (record the output shard `path` as finished) once every source shard holding one of
@@ -627,6 +652,7 @@ class StreamedSource(Source):
         import torch
 
         shard = self._shards[self.weight_map[name]]
+        self._read_from.add(shard.rel)
         info = self.info(name)
         lo, hi = info.start + start, info.start + end
         buf = out.view(torch.uint8).reshape(-1) if out is not None else torch.empty(hi - lo, dtype=torch.uint8)
