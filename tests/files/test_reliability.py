@@ -551,7 +551,7 @@ def test_token_never_written_or_printed(tiny_ckpt, tmp_path):
     # A child process against a hostile endpoint that echoes the token: the Hub path online, with -v.
     _EchoingHub.seen = []
     server = QuietServer(("127.0.0.1", 0), _EchoingHub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     try:
         hostile = child_env(**{**env, "HF_HUB_OFFLINE": "0"}, HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
                             HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5")

@@ -69,7 +69,7 @@ def test_a_header_read_has_an_overall_deadline(monkeypatch, gap, start, end, res
     monkeypatch.setattr(http_range, "REQUEST_DEADLINE_S", 0.5)
     monkeypatch.setattr(_Drip, "gap", gap)
     server = QuietServer(("127.0.0.1", 0), _Drip)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     url = f"http://127.0.0.1:{server.server_address[1]}/org/x/resolve/main/a.safetensors"
     try:
         if result is InputError:

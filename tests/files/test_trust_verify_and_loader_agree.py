@@ -184,7 +184,7 @@ def test_a_token_echoed_by_the_hub_is_not_printed(monkeypatch):
             self.wfile.write(body)
 
     server = QuietServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     monkeypatch.setattr(http_range, "BACKOFF_SECONDS", (0.0,))
     try:
         with pytest.raises(InputError) as e:

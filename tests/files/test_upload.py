@@ -81,7 +81,7 @@ class FakeHub:
         self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-hub", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-hub", daemon=True)
 
     # ------------------------------------------------------------------ control
     def __enter__(self) -> "FakeHub":

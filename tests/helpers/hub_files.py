@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+POLL_S = 0.02  # seconds between serve_forever's shutdown checks: its default 0.5 s is paid at every test's end
+
 
 class QuietServer(ThreadingHTTPServer):
     """A client that hangs up or stalls mid-answer (a stopped stream, a test's end) is no error to print: socketserver
@@ -64,7 +66,7 @@ class HubFiles:
         self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="hub-files", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(POLL_S,), name="hub-files", daemon=True)
 
     def __enter__(self) -> "HubFiles":
         self.thread.start()
@@ -195,7 +197,8 @@ class _Storage:
         self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"  # another origin than the Hub's: its port
-        self.thread = threading.Thread(target=self.server.serve_forever, name="hub-storage", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(POLL_S,), name="hub-storage",
+                                       daemon=True)
 
     def _serve(self, hub: HubFiles, h: BaseHTTPRequestHandler) -> None:
         from urllib.parse import parse_qs
