@@ -238,11 +238,11 @@ def remote_headers(repo_id: str, revision: str, names: list[str]) -> tuple[dict[
                                 f"({e.__class__.__name__}: {' '.join(str(e).split())[:200]}); check the network and "
                                 "token")
 
-    results = _on_daemon_threads(one, list(dict.fromkeys(names)), HEADER_THREADS)
+    results = on_daemon_threads(one, list(dict.fromkeys(names)), HEADER_THREADS, "fimoe-remote-header")
     return {r: h for r, (h, _) in results.items() if h is not None}, [p for _, p in results.values() if p]
 
 
-def _on_daemon_threads(fn, items: list, threads: int) -> dict:
+def on_daemon_threads(fn, items: list, threads: int, name: str) -> dict:
     """{item: fn(item)} computed on daemon threads, which a Ctrl-C or SIGTERM does not wait for (a pool's
     threads are joined at exit, and a stuck request would hold the process); the main thread wakes every
     WAIT_STEP_S, so its signal handler runs at once."""
@@ -263,7 +263,7 @@ def _on_daemon_threads(fn, items: list, threads: int) -> dict:
                 done.put((item, None, e))
 
     for _ in range(min(threads, len(items))):
-        threading.Thread(target=work, daemon=True, name="fimoe-remote-header").start()
+        threading.Thread(target=work, daemon=True, name=name).start()
     results: dict = {}
     while len(results) < len(items):
         try:

@@ -16,7 +16,7 @@ from ..names import INDEX_NAME, MANIFEST_NAME
 from ..paths import plain_relative
 from ..safetensors.header import Header, TensorInfo, as_typed
 from .http_range import read_range
-from .hub import describing_files, remote_headers
+from .hub import describing_files, on_daemon_threads, remote_headers
 
 SMALL_FILE_BYTES = 64 * 2**20  # a file the Hub keeps outside LFS is at most 10 MB; larger ones are not fetched
 
@@ -234,7 +234,7 @@ class RangedTensors:
                            where=f"{self.repo_id}@{self.commit}/{rel}: tensor {said}")
             return buf
 
-        bufs = _on_daemon_threads(fetch, list(range(len(spans))), RANGE_THREADS)
+        bufs = on_daemon_threads(fetch, list(range(len(spans))), RANGE_THREADS, "fimoe-ranged-read")
         out: list = [None] * len(parts)
         for k, (_, start, end, members) in enumerate(spans):
             self.read_bytes += end - start
@@ -242,39 +242,3 @@ class RangedTensors:
                 out[i] = bufs[k][offset:offset + n]
         return out
 
-
-def _on_daemon_threads(fn, items: list, threads: int) -> dict:
-    """{item: fn(item)} on daemon threads, which a Ctrl-C or SIGTERM does not wait for (a stuck request would hold
-    the process); the main thread wakes every WAIT_STEP_S, so its signal handler runs at once. fn's first error is
-    raised here."""
-    import queue
-    import threading
-
-    todo: queue.SimpleQueue = queue.SimpleQueue()
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    for item in items:
-        todo.put(item)
-
-    def work() -> None:
-        while True:
-            try:
-                item = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                done.put((item, fn(item), None))
-            except BaseException as e:  # noqa: BLE001 - raised again in the main thread, which would wait forever
-                done.put((item, None, e))
-
-    for _ in range(min(threads, len(items))):
-        threading.Thread(target=work, daemon=True, name="fimoe-ranged-read").start()
-    results: dict = {}
-    while len(results) < len(items):
-        try:
-            item, value, error = done.get(timeout=WAIT_STEP_S)
-        except queue.Empty:
-            continue
-        if error is not None:
-            raise error
-        results[item] = value
-    return results
