@@ -238,19 +238,11 @@ PUBLISHED, PUBLISHED_COMMIT = "fimoe-test/published-bf16", "d" * 40
 @pytest.fixture
 def published(bf16_out_of, tmp_path, monkeypatch):
     """A bf16 OUT served as PUBLISHED@PUBLISHED_COMMIT by a fake Hub (shards in LFS, the rest in git)."""
-    import huggingface_hub.constants as hf_constants
-    from helpers.hub_files import HubFiles
+    from helpers.hub_files import HubFiles, point_hf_at
 
     folder = Path(shutil.copytree(bf16_out_of("7MB"), tmp_path / "published"))
     with HubFiles(PUBLISHED, folder, PUBLISHED_COMMIT) as h:
-        monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
-        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            h.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setenv("HF_TOKEN", "")
+        point_hf_at(h.url, monkeypatch, tmp_path / "cache")
         yield h
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import huggingface_hub.constants as hf_constants
 import pytest
 from click.testing import CliRunner
-from helpers.hub_files import HubFiles
+from helpers.hub_files import HubFiles, point_hf_at
 from helpers.stream_case import convert_both
 from test_upload import TOKEN, FakeHub, arrived, expected_files, hub  # noqa: F401 - `hub`: a Hub taking uploads
 
@@ -68,14 +68,8 @@ def served(tiny_ckpt, tmp_path, monkeypatch):
 
 def point_at(h: HubFiles, tmp_path, monkeypatch, token: str = "") -> HubFiles:
     """huggingface_hub pointed at the fake Hub `h`, with HF_TOKEN `token` and an empty cache."""
-    monkeypatch.setattr(hf_constants, "ENDPOINT", h.url)
-    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", h.url + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    point_hf_at(h.url, monkeypatch, tmp_path / "cache", token)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_TOKEN", token)
     monkeypatch.setattr(http_range, "BACKOFF_SECONDS", (0.01,))
     return h
 
@@ -343,11 +337,7 @@ def test_retries_are_bounded_and_resume_fetches_only_what_kept_shards_do_not_cov
     monkeypatch.undo()  # a healthy Hub for the resume
     served.fault = None
     served.requests.clear()
-    monkeypatch.setattr(hf_constants, "ENDPOINT", served.url)
-    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        served.url + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    point_hf_at(served.url, monkeypatch, tmp_path / "cache", token=None)
     res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", resume=True)
     assert res.shards_kept == len(kept)
     assert same_files(out, downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")) == []

@@ -308,8 +308,7 @@ def test_verify_racing_a_rewrite_of_out_says_so(bf16_out_of, tmp_path, monkeypat
 def test_a_hub_file_list_naming_a_path_outside_the_repo_is_one_line(tiny_ckpt, tmp_path, monkeypatch, bad):
     import hashlib
 
-    import huggingface_hub.constants as hf_constants
-    from helpers.hub_files import HubFiles
+    from helpers.hub_files import HubFiles, point_hf_at
 
     from fimoe_convert.files.sources.stream import open_streamed
 
@@ -330,13 +329,7 @@ def test_a_hub_file_list_naming_a_path_outside_the_repo_is_one_line(tiny_ckpt, t
             h.wfile.write(payload)
 
         hub._tree = tree
-        monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
-        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        point_hf_at(hub.url, monkeypatch, tmp_path / "cache", token=None)
         want = r"^SRC 'org/tiny-v4': the Hub's file list names a path outside the repo \(.*" + re.escape(repr(bad))
         with pytest.raises(InputError, match=want):
             open_streamed(repo, None)

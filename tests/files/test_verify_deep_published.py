@@ -72,8 +72,7 @@ def serve(outputs, ckpt, tmp_path, monkeypatch):
     HUB_REPO@HUB_COMMIT (`ckpt`), on one fake Hub, with an empty Hugging Face cache (nothing of either is here)."""
     import contextlib
 
-    import huggingface_hub.constants as hf_constants
-    from helpers.hub_files import HubFiles
+    from helpers.hub_files import HubFiles, point_hf_at
 
     stack = contextlib.ExitStack()
 
@@ -88,14 +87,7 @@ def serve(outputs, ckpt, tmp_path, monkeypatch):
         out_hub = stack.enter_context(HubFiles(PUBLISHED, folder, PUBLISHED_COMMIT))
         hubs = Hubs(out_hub, src_hub)
         out_hub.other = hubs
-        monkeypatch.setattr(hf_constants, "ENDPOINT", out_hub.url)
-        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            out_hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-        monkeypatch.setenv("HF_TOKEN", "")
+        point_hf_at(out_hub.url, monkeypatch, tmp_path / "empty-cache")
         return hubs
 
     with stack:

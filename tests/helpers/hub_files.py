@@ -23,6 +23,21 @@ from urllib.parse import unquote, urlsplit
 POLL_S = 0.02  # seconds between serve_forever's shutdown checks: its default 0.5 s is paid at every test's end
 
 
+def point_hf_at(url: str, monkeypatch, cache: Path, token: str | None = "") -> None:
+    """huggingface_hub pointed at the fake Hub at `url`, online, no telemetry, its cache in `cache`; HF_TOKEN set to
+    `token` (None: left as it is)."""
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "ENDPOINT", url)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    if token is not None:
+        monkeypatch.setenv("HF_TOKEN", token)
+
+
 class QuietServer(ThreadingHTTPServer):
     """A client that hangs up or stalls mid-answer (a stopped stream, a test's end) is no error to print: socketserver
     writes its traceback to sys.stderr, which a later test's CliRunner may be capturing."""
