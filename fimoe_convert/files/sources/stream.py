@@ -462,30 +462,31 @@ class StreamedSource(Source):
         without the Hub's token, where it redirects), each piece into an anonymous mapping of its own."""
         shard = run[0].shard
         bufs = [mmap.mmap(-1, c.size) for c in run]
-        at, piece, into = 0, 0, 0  # bytes received; the piece being filled, and bytes into it
+        views = [memoryview(b) for b in bufs]
+        at, piece = 0, 0  # bytes received; the piece holding byte `at`
 
-        def sink(view: memoryview) -> None:
-            nonlocal at, piece, into
+        def into(pos: int, n: int) -> memoryview:
+            nonlocal at, piece
             if self._closed:
                 raise Stop
-            at += len(view)
-            while view:
-                n = min(len(view), run[piece].size - into)
-                bufs[piece][into:into + n] = view[:n]
-                view, into = view[n:], into + n
-                if into == run[piece].size:
-                    piece, into = piece + 1, 0
+            at = pos - run[0].start
+            while pos >= run[piece].end:
+                piece += 1
+            while pos < run[piece].start:  # asked again from an earlier byte
+                piece -= 1
+            c = run[piece]
+            return views[piece][pos - c.start:min(c.end, pos + n) - c.start]
 
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
         direct, start, end = shard.direct, run[0].start, run[-1].end
         try:
-            read_range(direct or shard.url, start, end, sink, token=False if direct else None, where=where)
+            read_range(direct or shard.url, start, end, into, token=False if direct else None, where=where)
         except InputError:
             if direct is None:
                 raise
             # a signed URL lasts hours: refused, it is asked of the Hub again, once
             shard.direct = _elsewhere(shard.url, _metadata(shard.url).location) or shard.direct
-            read_range(shard.direct, start + at, end, sink, token=False, where=where)
+            read_range(shard.direct, start + at, end, into, token=False, where=where)
         return bufs
 
     def _arrived(self, run: list[_Chunk], data: list[mmap.mmap]) -> None:
