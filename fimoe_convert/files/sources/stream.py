@@ -393,16 +393,20 @@ class StreamedSource(Source):
             self._arrived(run, data)
 
     def _next(self) -> list[_Chunk] | None:
-        """The next pieces to fetch with one GET (under the lock): the queue's first, when it fits within the cap
-        (pieces needed later dropped to make room) or when readers wait and nothing else is in flight, and the
-        queued pieces after it in its grid cell that fit as well; None once closed."""
+        """The next pieces to fetch with one GET (under the lock): the first piece a reader waits for, else the
+        queue's first, when it fits within the cap (pieces needed later dropped to make room) or when readers wait
+        and nothing else is in flight, and the queued pieces after it in its grid cell that fit as well; None once
+        closed."""
         while not self._closed:
             while self._queue and not self._queue[0][2].queued:
                 heapq.heappop(self._queue)  # fetched already under an earlier key
             if self._queue:
                 c = self._queue[0][2]
+                # a piece a reader waits for goes first (the lanes' real order can run ahead of the plan's)
+                c = min((w for w in self._waiting if w.queued), key=lambda w: w.key, default=c)
                 if self._fits(c) or (self._waiting and not self._fetching):
-                    heapq.heappop(self._queue)
+                    if c is self._queue[0][2]:
+                        heapq.heappop(self._queue)
                     run = [c]
                     for d in c.shard.chunks[c.index + 1:]:
                         if (d.cell != c.cell or not d.queued or d.busy or d.data is not None
