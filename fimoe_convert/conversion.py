@@ -202,7 +202,7 @@ def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dic
     source."""
     if isinstance(source, StreamedSource):
         log.info("--stream: holding up to %d bytes of source shards that arrive ahead of the conversion", cap)
-        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes, lanes), carried, cap,
+        source.start(source_reads(plan, todo, source, lanes), carried, cap,
                      lambda rel, sha: resuming.record_sha(source, manifest, rel, sha), connections)
         on_exit.push(lambda failed, *_: source.close(failed is not None))
 
