@@ -189,7 +189,8 @@ def test_a_token_echoed_by_the_hub_is_not_printed(monkeypatch):
     try:
         with pytest.raises(InputError) as e:
             http_range.read_range(f"http://127.0.0.1:{server.server_address[1]}/org/x/resolve/main/a.safetensors",
-                                  0, 10, lambda pos, n: memoryview(bytearray(n)), token=token, where="org/x/a.safetensors")
+                                  0, 10, lambda pos, n: memoryview(bytearray(n)), token=token,
+                                  where="org/x/a.safetensors")
     finally:
         server.shutdown()
         server.server_close()

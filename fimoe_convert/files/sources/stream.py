@@ -246,7 +246,10 @@ class StreamedSource(Source):
 
             raise ValidationError(summarized(problems, "shard records could not be read from the Hub"))
         self._shards: dict[str, _Remote] = {rel: r for rel, (r, _) in got.items()}
+        # One lock, two conditions: readers (and `verified`) wait on _cv for bytes and checks, fetch workers on
+        # _work for pieces and room; a piece read or hashed wakes one worker, not every thread of the run.
         self._cv = threading.Condition()
+        self._work = threading.Condition(self._cv._lock)
         self._queue: list[tuple[tuple, int, _Chunk]] = []  # heap: (key, tie, piece) of pieces to fetch
         self._tie = 0
         self._held = self._cap = 0  # bytes of pieces held or in flight, and at most
@@ -311,6 +314,7 @@ class StreamedSource(Source):
             self._plan(reads)
             done = dict(self._sha) if self._early else {}
             self._cv.notify_all()
+            self._work.notify_all()
         if not self._early:
             self._spawn()
         for rel, sha in done.items():  # verified by early fetches before the plan came
@@ -419,8 +423,9 @@ class StreamedSource(Source):
                         self._held += d.size
                     self._fetching += 1
                     self._peak()
+                    self._work.notify()  # another piece may fit as well
                     return run
-            self._cv.wait()
+            self._work.wait()
         return None
 
     def _peak(self) -> None:
@@ -511,6 +516,7 @@ class StreamedSource(Source):
                 c.busy, c.data, c.digest = False, buf, None
                 self._holding.add(c)
             self._cv.notify_all()
+            self._work.notify()
         self._hash(shard)
 
     def _hash(self, shard: _Remote) -> None:
@@ -533,7 +539,7 @@ class StreamedSource(Source):
                 c.hashed = True
                 shard.next += 1
                 self._release(c)
-                self._cv.notify_all()
+                self._work.notify()  # room, or a piece that may now be dropped for one a reader waits for
             if shard.next == len(shard.chunks):
                 return self._check(shard)
 
@@ -554,10 +560,12 @@ class StreamedSource(Source):
             self._cv.notify_all()
         return True
 
-    def _release(self, c: _Chunk) -> None:
-        """Drop `c`'s bytes once hashed and read by every planned read (under the lock)."""
+    def _release(self, c: _Chunk) -> bool:
+        """Drop `c`'s bytes once hashed and read by every planned read (under the lock); whether it did."""
         if c.data is not None and c.hashed and c.reads is not None and not c.reads and not c.users:
             self._drop(c)
+            return True
+        return False
 
     def _check(self, shard: _Remote) -> None:
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
@@ -590,6 +598,7 @@ class StreamedSource(Source):
                 path.unlink(missing_ok=True)
             self._pending = []
             self._cv.notify_all()
+            self._work.notify_all()
 
     def close(self, failed: bool = False) -> None:
         """End the fetches (the run is over); with `failed`, delete outputs whose sources were not verified."""
@@ -598,6 +607,7 @@ class StreamedSource(Source):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._work.notify_all()
 
     def interrupt(self) -> None:
         """The conversion stops: readers waiting for bytes wake (raising Stop) and the fetches end, at once."""
@@ -617,7 +627,7 @@ class StreamedSource(Source):
                 if c.queued:
                     self._push(c)
                 self._waiting[c] += 1  # held pieces needed later are dropped to make room for these
-            self._cv.notify_all()
+            self._work.notify_all()
             try:
                 self._cv.wait_for(lambda: self._error is not None or rels <= set(self._sha))
             finally:
@@ -666,20 +676,21 @@ class StreamedSource(Source):
             raise ValueError(f"tensor {name!r}: a buffer of {buf.numel()} bytes for {hi - lo}")
         for c in self._covering(shard, lo, hi) if hi > lo else []:
             with self._cv:
-                if c.data is None and not c.queued and not c.busy:
-                    if c.digest is None:
-                        raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often than "
-                                         "planned; this is a bug: run again without --stream and report it")
-                    self._push_again(c)
-                self._waiting[c] += 1
-                self._cv.notify_all()  # a fetch waiting for room goes now
-                try:
-                    self._cv.wait_for(lambda: (c.data is not None and shard.head is None)  # noqa: B023
-                                      or self._error is not None)
-                finally:
-                    self._waiting[c] -= 1
-                    if not self._waiting[c]:
-                        del self._waiting[c]
+                if c.data is None or shard.head is not None:
+                    if c.data is None and not c.queued and not c.busy:
+                        if c.digest is None:
+                            raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often "
+                                             "than planned; this is a bug: run again without --stream and report it")
+                        self._push_again(c)
+                    self._waiting[c] += 1
+                    self._work.notify()  # a fetch waiting for room goes now
+                    try:
+                        self._cv.wait_for(lambda: (c.data is not None and shard.head is None)  # noqa: B023
+                                          or self._error is not None)
+                    finally:
+                        self._waiting[c] -= 1
+                        if not self._waiting[c]:
+                            del self._waiting[c]
                 if self._error is not None:
                     raise self._error
                 c.users += 1
@@ -691,8 +702,8 @@ class StreamedSource(Source):
                     c.users -= 1
                     if c.reads:
                         c.reads.popleft()
-                    self._release(c)
-                    self._cv.notify_all()
+                    if self._release(c) or self._waiting:
+                        self._work.notify()  # room, or a piece that may now be dropped for a waiting reader
         return buf
 
     def read_raw(self, name: str, out=None):
