@@ -283,9 +283,49 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
         assert block.startswith("python3 -c 'import torch' 2>/dev/null || { python3 -m venv --system-site-packages "
                                 ".venv && . .venv/bin/activate &&\n  python3 -m pip install torch==2.13.0 "
                                 "--extra-index-url https://download.pytorch.org/whl/cpu; }\n"), block
+    # the FlashInfer extra of the torch kept or installed by the first line (scripts/flashinfer_extra.py)
+    assert demo.splitlines()[2] == 'python3 -m pip install -e ".[$(python3 scripts/flashinfer_extra.py)]"', demo
+    assert suite.splitlines()[2] == 'python3 -m pip install -e ".[test,$(python3 scripts/flashinfer_extra.py)]"', suite
     ci = [line for line in (root / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     body = "\n".join(ci[ci.index("set -euo pipefail") + 2:])  # after `set` and `cd`: the README's lines only
     assert body == f"{suite}\n{demo}", body
+
+
+def _flashinfer_extra():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "flashinfer_extra.py"
+    spec = importlib.util.spec_from_file_location("flashinfer_extra", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cuda, extra, note", [
+    (None, "flashinfer", None),
+    ("12.8", "flashinfer-cu12", None),
+    ("12.6", "flashinfer-cu12", None),
+    ("13.0", "flashinfer-cu13", None),
+    ("11.8", "flashinfer", r"^torch here is built for CUDA 11\.8; fimoe-convert has extras for CUDA 12 and 13 only, "
+                           r"so \[flashinfer\] \(FlashInfer's own choice, cuda-python 13\)$"),
+])
+def test_the_set_up_takes_the_flashinfer_extra_of_torchs_cuda(cuda, extra, note):
+    """torch.version.cuda -> the extra the README's set-up installs; a CPU torch gets FlashInfer's own choice."""
+    got, said = _flashinfer_extra().extra_for(cuda)
+    assert got == extra
+    assert (said is None) if note is None else re.fullmatch(note, said), said
+
+
+def test_each_cuda_extra_holds_cuda_python_to_its_major():
+    """pyproject's extras named by scripts/flashinfer_extra.py: FlashInfer (its extra of that CUDA) and cuda-python
+    of that major; `flashinfer` stays FlashInfer alone (the Dockerfile's default)."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    by_major = _flashinfer_extra().BY_MAJOR
+    assert {n: extras.get(n) for n in by_major.values()} == {
+        f"flashinfer-cu{m}": [f"flashinfer-python[cu{m}]>=0.7.4", f"cuda-python=={m}.*"] for m in by_major}
+    assert extras["flashinfer"] == ["flashinfer-python>=0.7.4"]
 
 
 @pytest.mark.parametrize("args, label", [
