@@ -24,7 +24,7 @@ from .console import Interrupted, Progress, is_rank0, plural, setup_logging, sig
 from .errors import FimoeError, UsageError, format_problems, one_line
 from .kernels import BY_NAME, GPU_FAMILIES, KERNELS, suggested
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE
-from .records import CheckpointInfo, OutputInfo, to_json
+from .records import DEMO_WORKDIR, CheckpointInfo, OutputInfo, to_json
 from .sizes import human
 
 ON_INTERRUPT = "fimoe_convert.on_interrupt"  # ctx.meta key (shared by every context): what to say after Ctrl-C
@@ -479,7 +479,8 @@ def verify_cmd(out, deep, src, revision, as_json):
               "read by range were compared, not hashed whole")
         return
     _emit(r, as_json, f"ok: {plural(r.files, 'file')}, {human(r.bytes)} match the manifest"
-          + (f"; {plural(r.deep_checked, 'unit')} re-derived from the source match" if deep else ""))
+          + (f"; {plural(r.deep_checked, 'unit')} re-derived from the source match" if deep else "")
+          + (f" (source: {r.source_folder})" if r.source_folder else ""))
 
 
 @main.command("upload")
@@ -540,7 +541,7 @@ def download_cmd(src, revision, as_json):
 
 
 @main.command("demo")
-@click.option("--workdir", default="demo-out", show_default=True, help="Folder for the fixture and the outputs.")
+@click.option("--workdir", default=DEMO_WORKDIR, show_default=True, help="Folder for the fixture and the outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 def demo_cmd(workdir, as_json):
     """Make a tiny V4 checkpoint, convert it to BF16 and to a FlashInfer layout, verify both, summarize."""

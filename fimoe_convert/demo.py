@@ -10,6 +10,7 @@ from pathlib import Path
 from .console import plural
 from .conversion import convert
 from .errors import UsageError
+from .records import DEMO_WORKDIR
 from .sizes import human
 from .testing import folder_bytes, fresh_folder, make_checkpoint
 from .testing.fixtures import work_folder_problem
@@ -18,7 +19,7 @@ from .verification import verify
 DEMO_TARGETS = ("bf16", "megamoe_sm90_mxfp4")
 
 
-def run_demo(workdir: str | Path = "demo-out", log: Callable[[str], None] | None = None) -> dict:
+def run_demo(workdir: str | Path = DEMO_WORKDIR, log: Callable[[str], None] | None = None) -> dict:
     """Returns a summary dict; `log` gets one line per step."""
     say = log or (lambda _s: None)
     problem = work_folder_problem(Path(workdir), {"src", *(f"out-{t}" for t in DEMO_TARGETS)})

@@ -25,6 +25,7 @@ from .errors import InputError
 
 SCHEMA = "fimoe-manifest/1"
 MANIFEST_NAME = "fimoe-manifest.json"
+DEMO_WORKDIR = "demo-out"  # `fimoe-convert demo`'s folder (--workdir's default); verify --deep looks there too
 
 # ------------------------------------------------------------------------------------------------ the reader
 
@@ -702,6 +703,8 @@ class VerifyResult(Record):
     source: str | None = field(default=None, metadata=OMIT_NONE)
     copies_checked: int | None = field(default=None, metadata=OMIT_NONE)
     range_bytes: int | None = field(default=None, metadata=OMIT_NONE)
+    # verify OUT --deep with no --src: the folder of the recorded name that was re-derived from, and where it was found
+    source_folder: str | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def ok(self) -> bool:

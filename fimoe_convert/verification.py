@@ -9,20 +9,21 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError, UsageError
+from .errors import FimoeError, InputError, UsageError
 from .files.names import INDEX_NAME, MANIFEST_NAME
 from .files.output.folder import output_tensor_facts, path_kind, read_out_index, read_output_tensors, verify_files
 from .files.output.manifest import read_manifest
 from .files.output.space import stray_single_file
+from .files.paths import plain_relative
 from .files.safetensors.header import as_typed
 from .files.sources.hub import describing_files, is_repo_id
-from .files.sources.local import Source, open_source
+from .files.sources.local import Source, open_source, recorded_folder_problem
 from .files.sources.published import RangedTensors, files_against_hub, hub_files, verify_published
 from .kernels import BY_NAME
 from .numerics.structure_check import structure_problem
 from .options import parse_arch
 from .plan import piece_rows, plan_shards, planned_tensors
-from .records import Damaged, Manifest, VerifyResult
+from .records import DEMO_WORKDIR, Damaged, Manifest, VerifyResult
 from .targets import TargetOptions, get_kernel, make_target
 
 
@@ -50,7 +51,7 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     out_dir = Path(out)
     manifest = read_manifest(out_dir)
     # --deep: the source's identity first, so a wrong --src is said in seconds, before OUT is hashed
-    source = _source(manifest, src, out_dir) if deep else None
+    source, found = _source(manifest, src, out_dir) if deep else (None, None)
     try:
         res = verify_files(out_dir, manifest, progress)
     except FileNotFoundError as e:  # a file removed between the listing and its hashing: OUT is being rewritten
@@ -61,6 +62,7 @@ def verify(out: str, deep: bool = False, samples: int = 8, src: str | None = Non
     stray = stray_single_file(out_dir, manifest.files)
     if stray:
         res.problems.append(stray)
+    res.source_folder = found
     if res.problems or source is None:
         return res
     o = manifest.options
@@ -150,21 +152,27 @@ def structure_problems(out_dir: Path, manifest: Manifest, facts: tuple | None = 
 OUT_DAMAGED_HINT = "the manifest is damaged or not fimoe-convert's: do not load it; convert again with --overwrite"
 
 
-def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
+def _source(manifest: Manifest, src: str | None, out_dir: Path) -> tuple[Source, str | None]:
     """The source to re-derive from, checked against what the manifest recorded of it before any unit is compared,
-    so that a wrong --src is blamed, not a good output."""
+    so that a wrong --src is blamed, not a good output; and, for a folder found by its recorded name, which one."""
     rec = manifest.source
-    spec = src or rec.repo_id or rec.spec  # a Hub repo by id (and the recorded revision), a folder by name
-    try:
-        source = open_source(spec, revision=rec.revision, offline=True)
-    except UsageError as e:
-        if src is None and not Path(spec).is_absolute():
-            raise UsageError(f"verify --deep: the manifest records the source as {spec!r}, a folder named relative to "
-                             f"where the conversion ran (an output names no path of its machine), which is not "
-                             f"found from here; pass --src PATH") from None
-        raise e
+    if src is None and rec.repo_id is None and not Path(rec.spec).is_absolute():
+        return _found_source(manifest, out_dir)
+    spec = src or rec.repo_id or rec.spec  # a Hub repo by id (and the recorded revision), or a folder
+    source = open_source(spec, revision=rec.revision, offline=True)
+    problems = _record_problems(source, rec.files, spec)
+    if problems:
+        where = "--src " + src if src else f"the source recorded in {out_dir / MANIFEST_NAME}"
+        raise InputError(f"{where}: is not the checkpoint {out_dir} was converted from ({'; '.join(problems[:3])}"
+                         + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+                         + "); pass the original with --src PATH")
+    return source, None
+
+
+def _record_problems(source: Source, files: dict, spec: str, first_only: bool = False) -> list[str]:
+    """How `source`'s input files differ from the manifest's record of them (size, then sha256), one line each."""
     problems = []
-    for rel, want in sorted(rec.files.items()):
+    for rel, want in sorted(files.items()):
         # Hashed (unless known): an input rewritten in place with its size kept is the source's fault, not OUT's.
         got = source.file_record(rel, compute_hash=want.sha256 is not None) if rel in source.input_files() else None
         if got is None:
@@ -172,12 +180,40 @@ def _source(manifest: Manifest, src: str | None, out_dir: Path) -> Source:
         elif got.size != want.size or (got.sha256 and want.sha256 and got.sha256 != want.sha256):
             problems.append(f"{rel}: {got.size} bytes, sha256 {(got.sha256 or 'not known')[:16]}; the output was "
                             f"converted from {want.size} bytes, sha256 {(want.sha256 or 'not recorded')[:16]}")
-    if problems:
-        where = "--src " + src if src else f"the source recorded in {out_dir / MANIFEST_NAME}"
-        raise InputError(f"{where}: is not the checkpoint {out_dir} was converted from ({'; '.join(problems[:3])}"
-                         + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-                         + "); pass the original with --src PATH")
-    return source
+        if problems and first_only:
+            break
+    return problems
+
+
+def _found_source(manifest: Manifest, out_dir: Path) -> tuple[Source, str]:
+    """The folder of the recorded name next to OUT, in the current directory or in the demo's folder, whichever
+    first holds the files the manifest records (names and sizes first, then every sha256); else a UsageError that
+    names each folder tried and why it was refused."""
+    name = manifest.source.spec
+    head = (f"verify --deep: the manifest records the source as {name[:120]!r}, a folder named relative to where "
+            "the conversion ran (an output names no path of its machine)")
+    if not plain_relative(name) or "/" in name:  # the manifest is input: its name must not walk elsewhere
+        raise UsageError(f"{head}, not a folder name; pass --src PATH")
+    places = [(out_dir.parent / name, "next to OUT"), (Path(name), "in the current directory"),
+              (Path(DEMO_WORKDIR) / name, "in the demo's folder")]
+    tried, seen = [], set()
+    for folder, where in places:
+        if folder.absolute() in seen:
+            continue
+        seen.add(folder.absolute())
+        problem = recorded_folder_problem(folder, manifest.source.files)
+        if problem is None:
+            try:
+                source = open_source(str(folder), offline=True)
+            except FimoeError as e:
+                problem = f"not a checkpoint that can be opened ({str(e).split(';')[0][:160]})"
+            else:
+                bad = _record_problems(source, manifest.source.files, str(folder), first_only=True)
+                if not bad:
+                    return source, f"{folder}, found {where}"
+                problem = bad[0].replace("; ", ", ")
+        tried.append(f"{folder}, {where}: {problem}")
+    raise UsageError(f"{head}; tried {'; '.join(tried)}; pass --src PATH")
 
 
 def _deep_published(res: VerifyResult, manifest: Manifest, headers: dict, samples: int) -> None:

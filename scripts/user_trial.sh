@@ -12,7 +12,7 @@ t() { local s; s=$(date +%s.%N); echo "\$ $*"; "$@" 2>&1 | tail -"${TAIL:-8}"; l
 s=$(date +%s.%N)
 python3 -c 'import torch' 2>/dev/null || { python3 -m venv --system-site-packages .venv && . .venv/bin/activate &&
   python3 -m pip install -q torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu; }
-python3 -m pip install -q -e '.[flashinfer]'
+python3 -m pip install -q -e ".[$(python3 scripts/flashinfer_extra.py)]"
 echo "[set-up block: $(echo "$(date +%s.%N) - $s" | bc | xargs printf '%.2f') s]"
 t fimoe-convert demo
 TAIL=20 t fimoe-convert recommend --engine vllm --gpu H200

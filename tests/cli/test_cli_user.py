@@ -148,24 +148,79 @@ def test_verify_deep_blames_a_wrong_src_not_the_output(bf16_out, tiny_ckpt, tmp_
     assert run("verify", bf16_out, "--deep", "--src", tiny_ckpt).exit_code == 0
 
 
-@pytest.mark.slow
-def test_verify_deep_from_elsewhere_with_a_relative_source_names_src(tiny_ckpt, tmp_path):
-    """The manifest keeps SRC as given (relative); from another directory, the error says to pass --src."""
-    work = tmp_path / "work"
-    shutil.copytree(tiny_ckpt, work / "ckpt")
-    r = subprocess.run([sys.executable, "-m", "fimoe_convert", "ckpt", "out", "-q"], cwd=work, capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep"], cwd=tmp_path,
-                       capture_output=True, text=True)
-    assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == (
-        "error: verify --deep: the manifest records the source as 'ckpt', a folder named relative to where the "
-        "conversion ran (an output names no path of its machine), which is not found from here; pass --src PATH"
-    )
-    r = subprocess.run([sys.executable, "-m", "fimoe_convert", "verify", "work/out", "--deep", "--src", "work/ckpt"],
-                       cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0 and "units re-derived from the source match" in r.stdout
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _rename_source(out: Path, spec: str) -> None:
+    m = json.loads((out / "fimoe-manifest.json").read_text())
+    m["source"]["spec"] = spec
+    (out / "fimoe-manifest.json").write_text(json.dumps(m))
+
+
+# verify OUT --deep with no --src: (OUT, {folder: change made to its copy of the source}, what it says). The manifest
+# records the source by name only ('ckpt'); the folders of that name tried: next to OUT, here, in demo-out.
+SHARD = "model-00001-of-00004.safetensors"
+FOUND = [
+    ("work/out", {"work/ckpt": None}, r"; 8 units re-derived from the source match \(source: work/ckpt, found next "
+     r"to OUT\)$"),
+    ("elsewhere/out", {"ckpt": None}, r"\(source: ckpt, found in the current directory\)$"),
+    ("out", {"demo-out/ckpt": None}, r"\(source: demo-out/ckpt, found in the demo's folder\)$"),
+    ("work/out", {"work/ckpt": _flip_last_byte, "ckpt": None}, r"\(source: ckpt, found in the current directory\)$"),
+]
+REFUSED = [
+    ("work/out", {}, r"; tried work/ckpt, next to OUT: no such folder; ckpt, in the current directory: no such "
+     r"folder; demo-out/ckpt, in the demo's folder: no such folder; pass --src PATH$"),
+    ("work/out", {"work/ckpt": _flip_last_byte}, rf"; tried work/ckpt, next to OUT: {SHARD}: (\d+) bytes, sha256 "
+     r"[0-9a-f]{16}, the output was converted from \1 bytes, sha256 [0-9a-f]{16}; ckpt, in the current directory: "
+     r"no such folder; demo-out/ckpt, in the demo's folder: no such folder; pass --src PATH$"),
+    ("work/out", {"work/ckpt": lambda p: p.write_bytes(p.read_bytes() + b" ")},
+     rf"; tried work/ckpt, next to OUT: {SHARD}: (\d+) bytes, the output was converted from (?!\1)\d+; ckpt, "),
+    ("work/out", {"work/ckpt": Path.unlink}, rf"; tried work/ckpt, next to OUT: {SHARD}: No such file or directory; "),
+    ("work/out", {"work/ckpt": None, "rename": lambda out: _rename_source(out, "../ckpt")},
+     r"^error: verify --deep: the manifest records the source as '\.\./ckpt', a folder named relative to where the "
+     r"conversion ran \(an output names no path of its machine\), not a folder name; pass --src PATH$"),
+]
+
+
+def _lay_out(tiny_ckpt, bf16_out, root: Path, out: str, folders: dict) -> Path:
+    """bf16_out copied to root/out and the source copied to each folder, changed (a shard) as the table says."""
+    shutil.copytree(bf16_out, root / out)
+    for folder, change in folders.items():
+        if folder == "rename":
+            change(root / out)
+            continue
+        shutil.copytree(tiny_ckpt, root / folder)
+        if change:
+            change(root / folder / SHARD)
+    return root / out
+
+
+@pytest.mark.parametrize("out, folders, match", FOUND, ids=["next-to-out", "cwd", "demo-out", "wrong-then-cwd"])
+def test_verify_deep_finds_the_source_by_its_recorded_name_and_says_which(tiny_ckpt, bf16_out, tmp_path, monkeypatch,
+                                                                          out, folders, match):
+    _lay_out(tiny_ckpt, bf16_out, tmp_path, out, folders)
+    monkeypatch.chdir(tmp_path)
+    r = run("verify", out, "--deep")
+    assert r.exit_code == 0, r.output
+    assert re.search(match, r.stdout.strip()), r.stdout
+
+
+@pytest.mark.parametrize("out, folders, match", REFUSED,
+                         ids=["none", "other-bytes", "other-size", "file-missing", "name-not-a-folder-name"])
+def test_verify_deep_names_each_folder_tried_and_why_it_was_refused(tiny_ckpt, bf16_out, tmp_path, monkeypatch, out,
+                                                                    folders, match):
+    """A folder of the recorded name is used only when its files' sizes and sha256 are the manifest's; else --src."""
+    _lay_out(tiny_ckpt, bf16_out, tmp_path, out, folders)
+    monkeypatch.chdir(tmp_path)
+    r = run("verify", out, "--deep")
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: verify --deep: the manifest records the source as ") and re.search(match, line), line
+    r = run("verify", out, "--deep", "--src", tiny_ckpt)
+    assert r.exit_code == 0 and r.stdout.rstrip().endswith("units re-derived from the source match"), r.output
 
 
 def test_upload_with_swapped_arguments_says_so(bf16_out):
@@ -228,9 +283,49 @@ def test_ci_runs_the_readme_set_up_commands_as_written():
         assert block.startswith("python3 -c 'import torch' 2>/dev/null || { python3 -m venv --system-site-packages "
                                 ".venv && . .venv/bin/activate &&\n  python3 -m pip install torch==2.13.0 "
                                 "--extra-index-url https://download.pytorch.org/whl/cpu; }\n"), block
+    # the FlashInfer extra of the torch kept or installed by the first line (scripts/flashinfer_extra.py)
+    assert demo.splitlines()[2] == 'python3 -m pip install -e ".[$(python3 scripts/flashinfer_extra.py)]"', demo
+    assert suite.splitlines()[2] == 'python3 -m pip install -e ".[test,$(python3 scripts/flashinfer_extra.py)]"', suite
     ci = [line for line in (root / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     body = "\n".join(ci[ci.index("set -euo pipefail") + 2:])  # after `set` and `cd`: the README's lines only
     assert body == f"{suite}\n{demo}", body
+
+
+def _flashinfer_extra():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "flashinfer_extra.py"
+    spec = importlib.util.spec_from_file_location("flashinfer_extra", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cuda, extra, note", [
+    (None, "flashinfer", None),
+    ("12.8", "flashinfer-cu12", None),
+    ("12.6", "flashinfer-cu12", None),
+    ("13.0", "flashinfer-cu13", None),
+    ("11.8", "flashinfer", r"^torch here is built for CUDA 11\.8; fimoe-convert has extras for CUDA 12 and 13 only, "
+                           r"so \[flashinfer\] \(FlashInfer's own choice, cuda-python 13\)$"),
+])
+def test_the_set_up_takes_the_flashinfer_extra_of_torchs_cuda(cuda, extra, note):
+    """torch.version.cuda -> the extra the README's set-up installs; a CPU torch gets FlashInfer's own choice."""
+    got, said = _flashinfer_extra().extra_for(cuda)
+    assert got == extra
+    assert (said is None) if note is None else re.fullmatch(note, said), said
+
+
+def test_each_cuda_extra_holds_cuda_python_to_its_major():
+    """pyproject's extras named by scripts/flashinfer_extra.py: FlashInfer (its extra of that CUDA) and cuda-python
+    of that major; `flashinfer` stays FlashInfer alone (the Dockerfile's default)."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    by_major = _flashinfer_extra().BY_MAJOR
+    assert {n: extras.get(n) for n in by_major.values()} == {
+        f"flashinfer-cu{m}": [f"flashinfer-python[cu{m}]>=0.7.4", f"cuda-python=={m}.*"] for m in by_major}
+    assert extras["flashinfer"] == ["flashinfer-python>=0.7.4"]
 
 
 @pytest.mark.parametrize("args, label", [

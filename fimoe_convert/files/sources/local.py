@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -204,6 +205,30 @@ def identity_change(old: FileRecord, new: FileRecord) -> str:
     if old.inode != new.inode or old.dev != new.dev:
         parts.append(f"replaced by another file (inode {old.inode} -> {new.inode})")
     return ", ".join(parts) or "no identity recorded"
+
+
+def recorded_folder_problem(folder: Path, files: dict[str, FileRecord]) -> str | None:
+    """Why `folder` is not the source whose input files `files` (a manifest's record: untrusted) describes, told by
+    names and sizes alone (a stat each, nothing opened), or None: its files' sha256 are then worth computing. The
+    reason is one clause with no semicolon (verify lists one per folder tried)."""
+    if not folder.is_dir():
+        return "no such folder"
+    if not files:
+        return "the manifest records none of the source's files to compare"
+    for rel, want in sorted(files.items()):
+        if name_problem(rel, folder, "manifest"):  # also a link out of the folder
+            return f"the manifest names a source file {str(rel)[:80]!r}, not a plain name inside the folder"
+        if want.sha256 is None:
+            return f"{rel}: the manifest records no sha256 to compare it with"
+        try:
+            st = (folder / rel).stat()
+        except OSError as e:
+            return f"{rel}: {e.strerror or 'cannot be read'}"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{rel}: not a file"
+        if st.st_size != want.size:
+            return f"{rel}: {st.st_size} bytes, the output was converted from {want.size}"
+    return None
 
 
 def open_source(spec: str, revision: str | None = None, offline: bool = False, weights: bool = True) -> Source:
