@@ -145,7 +145,7 @@ def _convert(req: Request, opts: ConvertOptions, t0: float) -> ConvertResult:
                                       manifest)
         on_exit.callback(hashes.cancel)  # a failed run hashes no more inputs (those being hashed end)
         cap = opts.memory.stream_bytes(lanes, budget, biggest)
-        _start_stream(source, plan, todo, carried, cap, manifest, on_exit, req.connections)
+        _start_stream(source, plan, todo, carried, cap, manifest, on_exit, req.connections, lanes)
         mine = _write_shards(plan, todo, source, converter, (lanes, budget), manifest, group, req, result, t0)
         # 8. Every rank's records together; rank 0 writes the metadata files and the complete manifest.
         need = functools.partial(opts.memory.stream_need, lanes=lanes, lane_bytes=budget, biggest_unit=biggest)
@@ -195,13 +195,14 @@ def _done(result: ConvertResult, opts: ConvertOptions, t0: float) -> ConvertResu
 
 
 def _start_stream(source: Source, plan: Plan, todo: list[OutShard], carried: dict, cap: int,
-                  manifest: LiveManifest, on_exit: contextlib.ExitStack, connections: int | None) -> None:
+                  manifest: LiveManifest, on_exit: contextlib.ExitStack, connections: int | None,
+                  lanes: int) -> None:
     """--stream: start reading the source shards, each hashed as it streams and recorded once verified; `cap`
     bytes (MemoryBudget.stream_bytes) hold source bytes that arrive before the lanes read them. No-op for another
     source."""
     if isinstance(source, StreamedSource):
         log.info("--stream: holding up to %d bytes of source shards that arrive ahead of the conversion", cap)
-        source.start(source_reads(plan, todo, lambda n: source.info(n).nbytes), carried, cap,
+        source.start(source_reads(plan, todo, source, lanes), carried, cap,
                      lambda rel, sha: resuming.record_sha(source, manifest, rel, sha), connections)
         on_exit.push(lambda failed, *_: source.close(failed is not None))
 

@@ -17,6 +17,7 @@ from ..budget import IO_BLOCK
 from ..files.sources.local import Source
 from ..plan import OutShard, OutTensor, Plan, Unit
 from .channels import END, Budget, Channel, Stopped
+from .reads import in_file_order
 from .schedule import KEEP_MAX, Copy, Emit, Run, group_steps, linked_groups
 
 log = logging.getLogger("fimoe_convert")
@@ -143,12 +144,14 @@ class Feeder:
                             + sum(self.plan.piece_bytes(unit.key, n) for n in step.writes))
                     self.budget.acquire(held)
                     log.debug("timeline %.3f read %s", time.perf_counter(), unit.key)
-                    tensors = self._timed("read", lambda: {n: self.source.read(n, pin=self.cuda)
-                                                           for n in unit.inputs})  # noqa: B023 - called at once
+                    tensors = self._timed("read", self._read_all, in_file_order(unit.inputs, self.source))
                     log.debug("timeline %.3f read-done %s", time.perf_counter(), unit.key)
                     yield _Inputs(step, unit, tensors, held)
                 else:
                     yield step
+
+    def _read_all(self, names: list[str]) -> dict:
+        return {n: self.source.read(n, pin=self.cuda) for n in names}
 
     def _converted(self) -> Iterator:
         """The reader's items with units run: ShardStart and Chunk, in the writer's order."""

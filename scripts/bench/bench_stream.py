@@ -217,8 +217,9 @@ def convert(hub: Hub, cache: Path, out: Path, target: str, args, local: Path | N
     conns = ["--connections", str(args.connections)] if not local and args.connections else []
     conns += ["--shard-size", args.shard_size] if args.shard_size else []
     conns += ["--writers", str(args.writers)] if args.writers else []
-    text, rss = child([sys.executable, "-m", "fimoe_convert", how[0], str(out), *how[1:], *conns, "--target", target,
-                       "--max-memory", args.max_memory, "--json", "-q", *EXTRA.get(target, [])],
+    # -P: `code`'s package, not the one in the working directory (where `python -m` looks first)
+    text, rss = child([sys.executable, "-P", "-m", "fimoe_convert", how[0], str(out), *how[1:], *conns, "--target",
+                       target, "--max-memory", args.max_memory, "--json", "-q", *EXTRA.get(target, [])],
                       env_for(hub, cache, args.code))
     return {**json.loads(text), "peak_rss": rss}
 
@@ -229,7 +230,7 @@ def import_floor(code: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(code)}
     for _ in range(3):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import fimoe_convert.conversion"], check=True, env=env)
+        subprocess.run([sys.executable, "-P", "-c", "import fimoe_convert.conversion"], check=True, env=env)
         best = min(best, time.perf_counter() - t0)
     return round(best, 2)
 

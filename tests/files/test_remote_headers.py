@@ -126,7 +126,7 @@ def _offsets_past_the_end(folder):
                 r"header"),
     (_bad_header_length, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: .*header"),
     (_missing, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: the Hub refused bytes 0-1048575 "
-               r"\(RemoteEntryNotFoundError"),
+               r"\(HTTP 404 EntryNotFound"),
     (_offsets_past_the_end, r"^error: org/tiny-v4/model-00003-of-00004\.safetensors@c{40}: "),
 ])
 def test_a_bad_shard_on_the_hub_is_one_line_naming_it(tiny_ckpt, tmp_path, damage, match):

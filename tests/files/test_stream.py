@@ -226,7 +226,7 @@ def test_a_tight_memory_budget_reads_again_what_it_could_not_keep(served, tiny_c
     """With room for few tensors, streams skip tensors not yet asked for and the conversion fetches them again
     by range (checked against the hash of the bytes skipped): the same output."""
     out = tmp_path / "streamed"
-    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="1MiB")
+    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="2MiB")
     ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")
     assert same_files(out, ref) == []
     assert res.bytes_fetched > sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
@@ -328,7 +328,7 @@ def test_retries_are_bounded_and_resume_fetches_only_what_kept_shards_do_not_cov
     when_streams_start(monkeypatch, lambda: setattr(served, "fault", drop))
     out = tmp_path / "out"
     with pytest.raises(InputError, match=rf"^org/tiny-v4/{late}@c{{40}}: reading bytes 0-\d+ from the Hub failed "
-                                         rf"{http_range.RETRIES} times \(RemoteProtocolError"):
+                                         rf"{http_range.RETRIES} times \(the answer ended at byte 0 of \d+\)"):
         convert(REPO, str(out), "bf16", stream=True, shard_size="1MB")
     m = json.loads((out / "fimoe-manifest.json").read_text())
     verified = {f for f, r in m["source"]["files"].items() if f in SHARDS and r["sha256"]}

@@ -2,6 +2,7 @@
 and a lane's budget holds two such units when half of --max-memory has room for them."""
 
 import collections
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from safetensors.torch import load_file
 from fimoe_convert import convert
 from fimoe_convert.budget import IO_BLOCK, READ_AHEAD_MAX, MemoryBudget
 from fimoe_convert.pipeline.feeder import KEEP_MAX
-from fimoe_convert.pipeline.reads import source_reads
+from fimoe_convert.pipeline.reads import in_file_order, source_reads
 from fimoe_convert.pipeline.schedule import Emit, Run, group_steps, linked_groups
 from fimoe_convert.plan import OutShard, OutTensor, Plan, Unit
 
@@ -35,6 +36,17 @@ def test_shards_sharing_a_unit_are_one_group_and_the_unit_runs_once():
                      Emit(v.outputs[0], "v", True, False), s3, Emit(v.outputs[1], "v", True, False)]
 
 
+class _Src:
+    """What source_reads asks of SRC: where each tensor lies, {name: (shard, offset, bytes)}."""
+
+    def __init__(self, where: dict):
+        self.where = where
+        self.weight_map = {n: w[0] for n, w in where.items()}
+
+    def info(self, name):
+        return SimpleNamespace(start=self.where[name][1], nbytes=self.where[name][2])
+
+
 def test_the_reads_a_stream_plans_are_the_feeders_a_unit_spanning_shards_read_once():
     """--stream holds a source piece until every planned read of it is made: a unit whose outputs span two shards
     is read once (its group's run), so it is planned once; a copied tensor is read in IO_BLOCK parts."""
@@ -42,8 +54,35 @@ def test_the_reads_a_stream_plans_are_the_feeders_a_unit_spanning_shards_read_on
     s1, s2, s3 = (OutShard("s1", u.outputs[:1], 0), OutShard("s2", u.outputs[1:] + v.outputs[:1], 0),
                   OutShard("s3", (*v.outputs[1:], OutTensor("C", "U8", (IO_BLOCK + 5,))), 0))
     plan = Plan((s1, s2, s3), {"u": u, "v": v}, 0)
-    assert source_reads(plan, [s1, s2, s3], lambda n: 7) == [("u.in1", 7), ("u.in2", 7), ("v.in1", 7), ("v.in2", 7),
-                                                            ("C", IO_BLOCK), ("C", 5)]
+    src = _Src({n: ("a", 7 * i, 7) for i, n in enumerate(["u.in1", "u.in2", "v.in1", "v.in2", "C"])})
+    assert source_reads(plan, [s1, s2, s3], src) == [("u.in1", 7), ("u.in2", 7), ("v.in1", 7), ("v.in2", 7),
+                                                     ("C", IO_BLOCK), ("C", 5)]
+
+
+@pytest.mark.parametrize("lanes, order", [
+    (1, ["u.in1", "u.in2", "v.in1", "v.in2", "w.in1", "w.in2"]),  # one lane: group after group
+    (2, ["u.in1", "v.in1", "v.in2", "w.in1", "w.in2", "u.in2"]),  # w on v's lane, free after 2 bytes, not u's (20)
+    (3, ["u.in1", "v.in1", "w.in1", "v.in2", "w.in2", "u.in2"]),  # at 0, 0, 0, then 1, 4, 10 bytes in
+])
+def test_the_reads_a_stream_plans_interleave_as_the_lanes_read(lanes, order):
+    """Lanes write groups side by side, each at its own pace (its bytes): the plan's order is theirs. u's group reads
+    10 + 10 bytes, v's 1 + 1, w's 4 + 4."""
+    units = {k: Unit(k, "layers.0", 0, (0, 1), (f"{k}.in1", f"{k}.in2"), two_output_unit(k).outputs) for k in "uvw"}
+    shards = [OutShard(f"s{k}", units[k].outputs, 0) for k in "uvw"]
+    size = {"u": 10, "v": 1, "w": 4}
+    src = _Src({f"{k}.in{i}": (f"{k}.safetensors", 100 * i, size[k]) for k in "uvw" for i in (1, 2)})
+    got = source_reads(Plan(tuple(shards), units, 0), shards, src, lanes)
+    assert [n for n, _ in got] == order and all(n == size[name[0]] for name, n in got)
+
+
+def test_a_unit_reads_its_inputs_in_the_order_they_lie_in_src():
+    """A streamed shard arrives front to back: a unit that lists its inputs otherwise reads them as they lie (shard,
+    then offset), so each piece it reads can go at once."""
+    u = Unit("u", "layers.0", 0, (0, 1), ("u.w2", "u.w1", "u.w3", "u.s"), two_output_unit("u").outputs)
+    s1 = OutShard("s1", u.outputs, 0)
+    src = _Src({"u.w1": ("a", 0, 3), "u.w2": ("a", 3, 3), "u.w3": ("a", 6, 3), "u.s": ("b", 0, 1)})
+    assert in_file_order(u.inputs, src) == ["u.w1", "u.w2", "u.w3", "u.s"]
+    assert source_reads(Plan((s1,), {"u": u}, 0), [s1], src) == [("u.w1", 3), ("u.w2", 3), ("u.w3", 3), ("u.s", 1)]
 
 
 def test_a_shard_alone_is_its_own_group():

@@ -220,17 +220,11 @@ class RangedTensors:
             rel, start, end, _ = spans[k]
             buf = torch.empty(end - start, dtype=torch.uint8)
             view = memoryview(buf.numpy()).cast("B")
-            got = 0
-
-            def sink(chunk: memoryview) -> None:
-                nonlocal got
-                view[got:got + len(chunk)] = chunk
-                got += len(chunk)
-
             if end > start:
                 names = [name for *_, name in spans[k][3]]
                 said = repr(names[0]) + (f" and {len(names) - 1} more" if len(names) > 1 else "")
-                read_range(hf_hub_url(self.repo_id, rel, revision=self.commit), start, end, sink,
+                read_range(hf_hub_url(self.repo_id, rel, revision=self.commit), start, end,
+                           lambda pos, n: view[pos - start:pos - start + n],
                            where=f"{self.repo_id}@{self.commit}/{rel}: tensor {said}")
             return buf
 

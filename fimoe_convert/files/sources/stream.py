@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import hashlib
 import heapq
 import mmap
@@ -245,7 +246,10 @@ class StreamedSource(Source):
 
             raise ValidationError(summarized(problems, "shard records could not be read from the Hub"))
         self._shards: dict[str, _Remote] = {rel: r for rel, (r, _) in got.items()}
+        # One lock, two conditions: readers (and `verified`) wait on _cv for bytes and checks, fetch workers on
+        # _work for pieces and room; a piece read or hashed wakes one worker, not every thread of the run.
         self._cv = threading.Condition()
+        self._work = threading.Condition(self._cv._lock)
         self._queue: list[tuple[tuple, int, _Chunk]] = []  # heap: (key, tie, piece) of pieces to fetch
         self._tie = 0
         self._held = self._cap = 0  # bytes of pieces held or in flight, and at most
@@ -310,6 +314,7 @@ class StreamedSource(Source):
             self._plan(reads)
             done = dict(self._sha) if self._early else {}
             self._cv.notify_all()
+            self._work.notify_all()
         if not self._early:
             self._spawn()
         for rel, sha in done.items():  # verified by early fetches before the plan came
@@ -393,16 +398,20 @@ class StreamedSource(Source):
             self._arrived(run, data)
 
     def _next(self) -> list[_Chunk] | None:
-        """The next pieces to fetch with one GET (under the lock): the queue's first, when it fits within the cap
-        (pieces needed later dropped to make room) or when readers wait and nothing else is in flight, and the
-        queued pieces after it in its grid cell that fit as well; None once closed."""
+        """The next pieces to fetch with one GET (under the lock): the first piece a reader waits for, else the
+        queue's first, when it fits within the cap (pieces needed later dropped to make room) or when readers wait
+        and nothing else is in flight, and the queued pieces after it in its grid cell that fit as well; None once
+        closed."""
         while not self._closed:
             while self._queue and not self._queue[0][2].queued:
                 heapq.heappop(self._queue)  # fetched already under an earlier key
             if self._queue:
                 c = self._queue[0][2]
+                # a piece a reader waits for goes first (the lanes' real order can run ahead of the plan's)
+                c = min((w for w in self._waiting if w.queued), key=lambda w: w.key, default=c)
                 if self._fits(c) or (self._waiting and not self._fetching):
-                    heapq.heappop(self._queue)
+                    if c is self._queue[0][2]:
+                        heapq.heappop(self._queue)
                     run = [c]
                     for d in c.shard.chunks[c.index + 1:]:
                         if (d.cell != c.cell or not d.queued or d.busy or d.data is not None
@@ -414,8 +423,9 @@ class StreamedSource(Source):
                         self._held += d.size
                     self._fetching += 1
                     self._peak()
+                    self._work.notify()  # another piece may fit as well
                     return run
-            self._cv.wait()
+            self._work.wait()
         return None
 
     def _peak(self) -> None:
@@ -462,30 +472,31 @@ class StreamedSource(Source):
         without the Hub's token, where it redirects), each piece into an anonymous mapping of its own."""
         shard = run[0].shard
         bufs = [mmap.mmap(-1, c.size) for c in run]
-        at, piece, into = 0, 0, 0  # bytes received; the piece being filled, and bytes into it
+        views = [memoryview(b) for b in bufs]
+        at, piece = 0, 0  # bytes received; the piece holding byte `at`
 
-        def sink(view: memoryview) -> None:
-            nonlocal at, piece, into
+        def into(pos: int, n: int) -> memoryview:
+            nonlocal at, piece
             if self._closed:
                 raise Stop
-            at += len(view)
-            while view:
-                n = min(len(view), run[piece].size - into)
-                bufs[piece][into:into + n] = view[:n]
-                view, into = view[n:], into + n
-                if into == run[piece].size:
-                    piece, into = piece + 1, 0
+            at = pos - run[0].start
+            while pos >= run[piece].end:
+                piece += 1
+            while pos < run[piece].start:  # asked again from an earlier byte
+                piece -= 1
+            c = run[piece]
+            return views[piece][pos - c.start:min(c.end, pos + n) - c.start]
 
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
         direct, start, end = shard.direct, run[0].start, run[-1].end
         try:
-            read_range(direct or shard.url, start, end, sink, token=False if direct else None, where=where)
+            read_range(direct or shard.url, start, end, into, token=False if direct else None, where=where)
         except InputError:
             if direct is None:
                 raise
             # a signed URL lasts hours: refused, it is asked of the Hub again, once
             shard.direct = _elsewhere(shard.url, _metadata(shard.url).location) or shard.direct
-            read_range(shard.direct, start + at, end, sink, token=False, where=where)
+            read_range(shard.direct, start + at, end, into, token=False, where=where)
         return bufs
 
     def _arrived(self, run: list[_Chunk], data: list[mmap.mmap]) -> None:
@@ -505,6 +516,7 @@ class StreamedSource(Source):
                 c.busy, c.data, c.digest = False, buf, None
                 self._holding.add(c)
             self._cv.notify_all()
+            self._work.notify()
         self._hash(shard)
 
     def _hash(self, shard: _Remote) -> None:
@@ -527,7 +539,7 @@ class StreamedSource(Source):
                 c.hashed = True
                 shard.next += 1
                 self._release(c)
-                self._cv.notify_all()
+                self._work.notify()  # room, or a piece that may now be dropped for one a reader waits for
             if shard.next == len(shard.chunks):
                 return self._check(shard)
 
@@ -548,10 +560,12 @@ class StreamedSource(Source):
             self._cv.notify_all()
         return True
 
-    def _release(self, c: _Chunk) -> None:
-        """Drop `c`'s bytes once hashed and read by every planned read (under the lock)."""
+    def _release(self, c: _Chunk) -> bool:
+        """Drop `c`'s bytes once hashed and read by every planned read (under the lock); whether it did."""
         if c.data is not None and c.hashed and c.reads is not None and not c.reads and not c.users:
             self._drop(c)
+            return True
+        return False
 
     def _check(self, shard: _Remote) -> None:
         where = f"{self.repo_id}/{shard.rel}@{self.revision}"
@@ -584,6 +598,7 @@ class StreamedSource(Source):
                 path.unlink(missing_ok=True)
             self._pending = []
             self._cv.notify_all()
+            self._work.notify_all()
 
     def close(self, failed: bool = False) -> None:
         """End the fetches (the run is over); with `failed`, delete outputs whose sources were not verified."""
@@ -592,6 +607,7 @@ class StreamedSource(Source):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._work.notify_all()
 
     def interrupt(self) -> None:
         """The conversion stops: readers waiting for bytes wake (raising Stop) and the fetches end, at once."""
@@ -611,7 +627,7 @@ class StreamedSource(Source):
                 if c.queued:
                     self._push(c)
                 self._waiting[c] += 1  # held pieces needed later are dropped to make room for these
-            self._cv.notify_all()
+            self._work.notify_all()
             try:
                 self._cv.wait_for(lambda: self._error is not None or rels <= set(self._sha))
             finally:
@@ -655,36 +671,39 @@ class StreamedSource(Source):
         self._read_from.add(shard.rel)
         info = self.info(name)
         lo, hi = info.start + start, info.start + end
-        buf = out.view(torch.uint8).reshape(-1) if out is not None else torch.empty(hi - lo, dtype=torch.uint8)
+        buf = out.view(torch.uint8).view(-1) if out is not None else torch.empty(hi - lo, dtype=torch.uint8)
+        if buf.numel() != hi - lo:  # _copy writes by address: a buffer of another size is a bug, not a fault
+            raise ValueError(f"tensor {name!r}: a buffer of {buf.numel()} bytes for {hi - lo}")
         for c in self._covering(shard, lo, hi) if hi > lo else []:
             with self._cv:
-                if c.data is None and not c.queued and not c.busy:
-                    if c.digest is None:
-                        raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often than "
-                                         "planned; this is a bug: run again without --stream and report it")
-                    self._push_again(c)
-                self._waiting[c] += 1
-                self._cv.notify_all()  # a fetch waiting for room goes now
-                try:
-                    self._cv.wait_for(lambda: (c.data is not None and shard.head is None)  # noqa: B023
-                                      or self._error is not None)
-                finally:
-                    self._waiting[c] -= 1
-                    if not self._waiting[c]:
-                        del self._waiting[c]
+                if c.data is None or shard.head is not None:
+                    if c.data is None and not c.queued and not c.busy:
+                        if c.digest is None:
+                            raise InputError(f"{self.repo_id}/{shard.rel}: tensor {name!r} was read more often "
+                                             "than planned; this is a bug: run again without --stream and report it")
+                        self._push_again(c)
+                    self._waiting[c] += 1
+                    self._work.notify()  # a fetch waiting for room goes now
+                    try:
+                        self._cv.wait_for(lambda: (c.data is not None and shard.head is None)  # noqa: B023
+                                          or self._error is not None)
+                    finally:
+                        self._waiting[c] -= 1
+                        if not self._waiting[c]:
+                            del self._waiting[c]
                 if self._error is not None:
                     raise self._error
                 c.users += 1
             a, b = max(lo, c.start), min(hi, c.end)
             try:
-                buf[a - lo:b - lo] = torch.frombuffer(c.data, dtype=torch.uint8)[a - c.start:b - c.start]
+                _copy(buf, a - lo, c.data, a - c.start, b - a)
             finally:
                 with self._cv:
                     c.users -= 1
                     if c.reads:
                         c.reads.popleft()
-                    self._release(c)
-                    self._cv.notify_all()
+                    if self._release(c) or self._waiting:
+                        self._work.notify()  # room, or a piece that may now be dropped for a waiting reader
         return buf
 
     def read_raw(self, name: str, out=None):
@@ -694,6 +713,16 @@ class StreamedSource(Source):
 
     def read_range(self, name: str, start: int, end: int):
         return super().read_range(name, start, end) if self.is_local(name) else self._take(name, start, end)
+
+
+def _copy(dst, at: int, src: mmap.mmap, start: int, n: int) -> None:
+    """Bytes [start, start + n) of the piece `src` into the contiguous uint8 tensor `dst` from byte `at`: one memmove
+    with the GIL released (a tensor copy takes a team of OpenMP threads per lane, about twice the CPU)."""
+    view = ctypes.c_char.from_buffer(src)
+    try:
+        ctypes.memmove(dst.data_ptr() + at, ctypes.addressof(view) + start, n)
+    finally:
+        del view
 
 
 def _metadata(url: str):
