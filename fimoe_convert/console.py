@@ -14,12 +14,14 @@ import sys
 import threading
 import time
 
-from .sizes import human
+from .sizes import duration, human
 
 PLAIN_EVERY_S = 5.0  # seconds between progress lines when stderr is not a terminal
 RATE_WINDOW_S = 10.0  # the progress rate and time left come from the bytes done in these last seconds
 COPIES, UNITS = "copies", "units"  # a conversion's parts: tensors copied as they are, and units' outputs
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops a command as Ctrl-C does
+# tqdm's bar without its own time left (from its byte rate, which disagreed with ours): ours is the postfix
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
 
 
 def is_rank0() -> bool:
@@ -78,29 +80,42 @@ class Progress:
         self.parts: dict[str, tuple[int, int]] = {}
         self.charged: collections.deque[tuple[float, str, int, float]] = collections.deque()
         self.charged_ever: dict[str, tuple[int, float]] = {}  # {part: (bytes, seconds)} since the first call
+        # (units' output bytes run, seconds the runs took over the lanes at once, the first run's one-time excess):
+        # the units' cost from the first unit run on, before any of its outputs is written (a whole-block unit's
+        # come late in the run). The excess was charged with the first units' bytes written (at units_from).
+        self.converted: tuple[int, float, float] = (0, 0.0, 0.0)
+        self.told = False  # a plain line has shown a time left
+        self.units_from: float | None = None
 
-    takes_parts = True  # convert() gives it `parts`
+    takes_parts = True  # convert() gives it `parts` and `converted`
 
-    def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None) -> None:
+    def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None,
+                 converted: tuple[int, float] | None = None) -> None:
         if not self.enabled:
             return
-        self.done, self.total = done, total
         now = time.monotonic()
-        if parts is not None:
-            self._charge(now, parts)
-        self.points.append((now, done))
-        while len(self.points) > 2 and self.points[1][0] <= now - RATE_WINDOW_S:
-            self.points.popleft()  # the oldest kept is at or just before the window's start
+        if converted is not None:
+            self.converted = converted
+        if done != self.done or not self.points:  # a call for a unit run alone moves no bytes: nothing to charge
+            if parts is not None:
+                self._charge(now, parts)
+            self.points.append((now, done))
+            while len(self.points) > 2 and self.points[1][0] <= now - RATE_WINDOW_S:
+                self.points.popleft()  # the oldest kept is at or just before the window's start
+        self.done, self.total = done, total
         if sys.stderr.isatty() and terminal_columns() > 0:  # a bar 0 columns wide shows nothing: plain lines
             if self.bar is None:
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1000,
-                                desc=self.desc, file=sys.stderr, dynamic_ncols=True)
+                                desc=self.desc, file=sys.stderr, dynamic_ncols=True, bar_format=BAR_FORMAT)
+            self.bar.set_postfix_str(self.left(), refresh=False)
             self.bar.update(done - self.bar.n)
-        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total:
+        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total or not self.told and self.left():
             self.last = time.monotonic()
-            print(self.line(), file=sys.stderr, flush=True)
+            line = self.line()
+            self.told = self.told or line.endswith(" left")  # the first time left is shown at once, then every few s
+            print(line, file=sys.stderr, flush=True)
 
     def _charge(self, now: float, parts: dict[str, tuple[int, int]]) -> None:
         """The seconds since the call before, charged to the parts whose bytes this call counts (by their bytes)."""
@@ -110,6 +125,8 @@ class Progress:
             per_byte = (now - self.points[-1][0]) / sum(grew.values())
             for k, n in grew.items():
                 self.charged.append((now, k, n, n * per_byte))
+                if k == UNITS and self.units_from is None:
+                    self.units_from = now
                 b, s = self.charged_ever.get(k, (0, 0.0))
                 self.charged_ever[k] = (b + n, s + n * per_byte)
         while self.charged and self.charged[0][0] <= now - RATE_WINDOW_S:
@@ -118,8 +135,9 @@ class Progress:
 
     def seconds_left(self) -> float | None:
         """With parts: each part's bytes left at its own seconds per byte (from its calls in the last
-        RATE_WINDOW_S, or since the first call if none was that recent), summed; None until every part with bytes
-        left has been charged some. Without: the bytes left at the rate of the last RATE_WINDOW_S."""
+        RATE_WINDOW_S, or since the first call if none was that recent; for the units, the larger of that and
+        their runs' seconds per byte), summed; None until every part with bytes left has a cost. Without: the bytes
+        left at the rate of the last RATE_WINDOW_S."""
         if self.parts:
             recent: dict[str, tuple[int, float]] = {}
             for _, k, n, s in self.charged:
@@ -130,9 +148,14 @@ class Progress:
                 if d >= total:
                     continue
                 b, s = recent.get(k) or self.charged_ever.get(k, (0, 0.0))
-                if b <= 0:
+                if k == UNITS and (k not in recent or self.units_from >= self.charged[0][0]):
+                    s = max(s - self.converted[2], 0.0)  # the first run's excess is in these seconds: paid once
+                rates = [s / b] if b > 0 else []
+                if k == UNITS and self.converted[0] > 0:  # writing may cost more than the runs: the larger
+                    rates.append(self.converted[1] / self.converted[0])
+                if not rates:
                     return None
-                left += (total - d) * s / b
+                left += (total - d) * max(rates)
             return left
         t_old, d_old = self.points[0] if self.points else (self.t0, 0)
         now = time.monotonic()
@@ -140,20 +163,24 @@ class Progress:
             return (self.total - self.done) * (now - t_old) / (self.done - d_old)
         return None
 
+    def left(self) -> str:
+        """The time left as both the plain line and the terminal's bar show it ('about 12 s left'), or ''."""
+        secs = self.seconds_left() if self.done < self.total else None
+        return "" if secs is None else f"{duration(secs)} left"
+
     def line(self) -> str:
         """One plain progress line. The rate comes from the bytes done in the last RATE_WINDOW_S (from the first
-        call on), the time left from seconds_left; before a second call, the rate since the start, and no time
-        left."""
+        call on), the time left from seconds_left; before a second call, the rate since the start."""
         now = time.monotonic()
         pct = 100 * self.done / self.total if self.total else 100.0
         text = f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%)"
         t_old, d_old = self.points[0] if self.points else (self.t0, 0)
         if now > t_old and self.done > d_old:
-            rate = (self.done - d_old) / (now - t_old)
-            secs = self.seconds_left() if self.done < self.total else None
-            left = "" if secs is None else f", about {secs:.0f} s left"
-            return f"{text}, {human(rate)}/s{left}"
-        return f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
+            text = f"{text}, {human((self.done - d_old) / (now - t_old))}/s"
+        else:
+            text = f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
+        left = self.left()
+        return f"{text}, {left}" if left else text
 
     def close(self) -> None:
         if self.bar is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .errors import FimoeError
 from .files.output.space import small_write_seconds, write_rate as write_rate_of
-from .sizes import human
+from .sizes import duration, human
 
 SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
 HASH_SAMPLE_BYTES = 8 * 1000**2  # bytes hashed (best of three) to measure sha256's rate
@@ -66,11 +66,6 @@ class Costs:
 
 def _secs(s: float) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s"
-
-
-def _when(secs: float) -> str:
-    return (f"about {secs:.1f} s" if secs < 10 else f"about {secs:.0f} s" if secs < 120
-            else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
 
 
 def _kind(u) -> tuple:
@@ -253,7 +248,7 @@ def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0
     secs = c.total()
     writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {c.write:.1f} s" if write_rate else
               "writing OUT not measured")
-    line = (f"ETA: {_when(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
+    line = (f"ETA: {duration(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
             f"planning {c.setup:.1f} s, first calls {c.first_calls:.1f} s, the model card's imports {c.card:.1f} s"
             f"{meta}); "
             f"{len(units)} units convert in about {c.convert:.1f} s on {device} (largest sample {sample}); reading "

@@ -6,6 +6,7 @@ The model is tested on injected timings (a fake clock), so no test depends on ho
 
 from __future__ import annotations
 
+import io
 import re
 import time
 import types
@@ -59,7 +60,7 @@ def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
     assert p.line() == "converting: 1.00 MB of 100.00 MB (1%), 100.00 kB/s"  # one point: no time left yet
     now[0] = 111.0
     p(11_000_000, 100_000_000)  # 10 MB in the second since the first call
-    assert p.line() == "converting: 11.00 MB of 100.00 MB (11%), 10.00 MB/s, about 9 s left"
+    assert p.line() == "converting: 11.00 MB of 100.00 MB (11%), 10.00 MB/s, about 8.9 s left"
     for second in range(1, 21):  # then 2 MB/s for 20 s: the window forgets the fast second
         now[0] = 111.0 + second
         p(11_000_000 + second * 2_000_000, 100_000_000)
@@ -116,7 +117,7 @@ def test_the_time_left_counts_the_units_once_they_have_a_rate(monkeypatch):
     assert p.seconds_left() is None
     assert not console.Progress.line(p).endswith("s left")
     p, truth = progress_at(monkeypatch, 0.10, parts=True)
-    assert console.Progress.line(p) == "converting: 201.00 MB of 300.00 MB (67%), 182.65 MB/s, about 10 s left"
+    assert console.Progress.line(p) == "converting: 201.00 MB of 300.00 MB (67%), 182.65 MB/s, about 9.9 s left"
     assert p.seconds_left() == pytest.approx(truth, rel=1e-9)
 
 
@@ -238,3 +239,98 @@ def test_a_dry_run_counts_the_seconds_before_its_plan_as_a_conversion_pays_them(
     res = conversion.convert(str(tiny_ckpt), str(tmp_path / "out"), target="bf16", dry_run=True)
     assert re.search(r"opening SRC and planning 5\d\.\d s", res.estimate), res.estimate
     assert 50.0 < res.estimate_seconds < 50.0 + 60.0, res.estimate  # the rest: seconds of real work, measured
+
+
+def fake_progress(monkeypatch):
+    """A Progress on a fake clock (`now[0]`, seconds) that shows lines (the rank check passed)."""
+    now = [0.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
+    p = console.Progress("converting", enabled=False)
+    p.enabled = True
+    return p, now
+
+
+def copies_done_units_none(copied_mb: int) -> dict:
+    return {console.COPIES: (copied_mb * MB, COPY_MB * MB), console.UNITS: (0, UNIT_MB * MB)}
+
+
+def test_the_time_left_is_known_from_the_first_unit_run_before_any_output_is_written(monkeypatch, capsys):
+    """A whole-block unit's outputs come after many seconds of copies and runs: the units' cost is that of their
+    runs until then, and the first line with a time left is printed at once (not PLAIN_EVERY_S later)."""
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+    now[0] = 1.0
+    p(1 * MB, total, parts=copies_done_units_none(1))
+    now[0] = 1.5
+    p(101 * MB, total, parts=copies_done_units_none(101))  # copies: 100 MB in 0.5 s
+    assert p.seconds_left() is None and p.left() == ""  # no unit run yet: the units' cost is not known
+    now[0] = 2.0
+    p(101 * MB, total, parts=copies_done_units_none(101), converted=(5 * MB, 0.5, 0.0))  # run, none written
+    # copies: 99 MB left at 5 ms/MB; units: 100 MB left at 0.1 s/MB (their run's cost)
+    assert p.seconds_left() == pytest.approx(99 * 0.005 + 100 * 0.1, rel=1e-12)
+    assert capsys.readouterr().err.splitlines()[-1] == ("converting: 101.00 MB of 300.00 MB (34%), 100.00 MB/s, "
+                                                        "about 10 s left")
+
+
+@pytest.mark.parametrize("converted, want_s", [
+    # the first unit took 3 s of which 2 s were one-time (its run against the second's 1 s): the 4.2 s charged to
+    # the units' 20 MB written are 2.2 s of work, 0.11 s/MB (more than the runs' 0.1 s/MB) for the 80 MB left
+    ((10 * MB, 1.0, 2.0), 80 * 2.2 / 20),
+    ((10 * MB, 1.0, 0.0), 80 * 4.2 / 20),  # without the excess: the first run's compiles counted per byte
+    ((10 * MB, 3.0, 0.0), 80 * 0.3),  # runs slower than what was written: their cost
+])
+def test_the_units_cost_is_the_larger_of_their_runs_and_their_writes_less_the_first_runs_excess(monkeypatch,
+                                                                                                converted, want_s):
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+
+    def units(mb: int) -> dict:
+        return {console.COPIES: (COPY_MB * MB, COPY_MB * MB), console.UNITS: (mb * MB, UNIT_MB * MB)}
+
+    now[0] = 1.0
+    p(COPY_MB * MB, total, parts=units(0))
+    now[0] = 4.0
+    p(COPY_MB * MB, total, parts=units(0), converted=(10 * MB, 3.0, 0.0))  # the first unit run: 3 s
+    now[0] = 4.1
+    p((COPY_MB + 10) * MB, total, parts=units(10), converted=(10 * MB, 3.0, 0.0))  # charged 3.1 s
+    now[0] = 5.2
+    p((COPY_MB + 20) * MB, total, parts=units(20), converted=converted)  # the second, run and written: 1.1 s
+    assert p.seconds_left() == pytest.approx(want_s, rel=1e-12)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_terminals_bar_shows_the_time_left_of_the_plain_line_not_tqdms(monkeypatch):
+    """tqdm's own time left comes from its byte rate (copies at disk speed): the bar shows ours instead."""
+    p, now = fake_progress(monkeypatch)
+    monkeypatch.setattr(console.sys, "stderr", Terminal())
+    monkeypatch.setattr(console, "terminal_columns", lambda: 120)
+    total = (COPY_MB + UNIT_MB) * MB
+    now[0] = 1.0
+    p(1 * MB, total, parts=copies_done_units_none(1))
+    now[0] = 1.5
+    p(101 * MB, total, parts=copies_done_units_none(101))
+    now[0] = 2.0
+    p(101 * MB, total, parts=copies_done_units_none(101), converted=(5 * MB, 0.5, 0.0))
+    try:
+        bar = str(p.bar)
+        assert p.left() == "about 10 s left" and p.line().endswith(", about 10 s left")
+        assert re.fullmatch(r"converting:  34%\|.*\| 101M/300M \[00:0\d, [0-9.]+[kMGT]?B/s, about 10 s left\]", bar), bar
+    finally:
+        p.close()
+
+
+def test_a_conversion_tells_of_a_unit_run_before_its_outputs_are_written(tiny_ckpt, tmp_path):
+    calls = []
+
+    def progress(done, total, parts=None, converted=None):
+        calls.append((parts[console.UNITS][0], converted))
+
+    progress.takes_parts = True
+    conversion.convert(str(tiny_ckpt), str(tmp_path / "out"), target="bf16", progress=progress)
+    first_run = next(i for i, (_, c) in enumerate(calls) if c is not None and c[0] > 0)
+    assert calls[first_run][0] == 0  # not a byte of the units' written yet
+    assert calls[-1][1][1] > 0 and calls[-1][0] > 0
