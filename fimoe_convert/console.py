@@ -80,22 +80,24 @@ class Progress:
         self.parts: dict[str, tuple[int, int]] = {}
         self.charged: collections.deque[tuple[float, str, int, float]] = collections.deque()
         self.charged_ever: dict[str, tuple[int, float]] = {}  # {part: (bytes, seconds)} since the first call
-        # (units' output bytes run, seconds the runs took over the lanes at once, the first run's one-time excess):
-        # the units' cost from the first unit run on, before any of its outputs is written (a whole-block unit's
-        # come late in the run). The excess was charged with the first units' bytes written (at units_from).
-        self.converted: tuple[int, float, float] = (0, 0.0, 0.0)
+        # The seconds the units not yet run will take (convert()'s eta.UnitRuns), None before any has run: the
+        # units' cost from the first unit run on, before any of its outputs is written (a whole-block unit's come
+        # late in the run). The seconds up to the first units' bytes written are not charged to them: they are the
+        # pipeline's fill (that unit's read, its run's compiles and warm-ups), paid once; their seconds per byte
+        # count once as many bytes are charged (a unit's 24-byte scale written 10 ms after its weight read as 1 h).
+        self.runs_left: float | None = None
+        self.units_fill = 0  # bytes
         self.told = False  # a plain line has shown a time left
-        self.units_from: float | None = None
 
-    takes_parts = True  # convert() gives it `parts` and `converted`
+    takes_parts = True  # convert() gives it `parts` and `runs_left`
 
     def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None,
-                 converted: tuple[int, float] | None = None) -> None:
+                 runs_left: float | None = None) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
-        if converted is not None:
-            self.converted = converted
+        if runs_left is not None:
+            self.runs_left = runs_left
         if done != self.done or not self.points:  # a call for a unit run alone moves no bytes: nothing to charge
             if parts is not None:
                 self._charge(now, parts)
@@ -124,9 +126,10 @@ class Progress:
         if self.points and grew:  # the first call's bytes: no seconds known to charge them (as the rate's)
             per_byte = (now - self.points[-1][0]) / sum(grew.values())
             for k, n in grew.items():
+                if k == UNITS and not self.units_fill:  # the pipeline's fill: the first unit's read and run
+                    self.units_fill = n
+                    continue
                 self.charged.append((now, k, n, n * per_byte))
-                if k == UNITS and self.units_from is None:
-                    self.units_from = now
                 b, s = self.charged_ever.get(k, (0, 0.0))
                 self.charged_ever[k] = (b + n, s + n * per_byte)
         while self.charged and self.charged[0][0] <= now - RATE_WINDOW_S:
@@ -136,7 +139,7 @@ class Progress:
     def seconds_left(self) -> float | None:
         """With parts: each part's bytes left at its own seconds per byte (from its calls in the last
         RATE_WINDOW_S, or since the first call if none was that recent; for the units, the larger of that and
-        their runs' seconds per byte), summed; None until every part with bytes left has a cost. Without: the bytes
+        the seconds their runs left take), summed; None until every part with bytes left has a cost. Without: the bytes
         left at the rate of the last RATE_WINDOW_S."""
         if self.parts:
             recent: dict[str, tuple[int, float]] = {}
@@ -148,14 +151,12 @@ class Progress:
                 if d >= total:
                     continue
                 b, s = recent.get(k) or self.charged_ever.get(k, (0, 0.0))
-                if k == UNITS and (k not in recent or self.units_from >= self.charged[0][0]):
-                    s = max(s - self.converted[2], 0.0)  # the first run's excess is in these seconds: paid once
-                rates = [s / b] if b > 0 else []
-                if k == UNITS and self.converted[0] > 0:  # writing may cost more than the runs: the larger
-                    rates.append(self.converted[1] / self.converted[0])
-                if not rates:
+                said = [(total - d) * s / b] if b > 0 and (k != UNITS or b >= self.units_fill) else []
+                if k == UNITS and self.runs_left is not None:  # writing may cost more than the runs: the larger
+                    said.append(self.runs_left)
+                if not said:
                     return None
-                left += (total - d) * max(rates)
+                left += max(said)
             return left
         t_old, d_old = self.points[0] if self.points else (self.t0, 0)
         now = time.monotonic()

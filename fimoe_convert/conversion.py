@@ -45,7 +45,7 @@ from .files.sources.stream import StreamedSource, end_early, open_streamed, stre
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, Request, check_flags
 from .pipeline.reads import source_reads
-from .plan import OutShard, Plan, assign_shards, plan_shards, planned_tensors
+from .plan import OutShard, Plan, Unit, assign_shards, plan_shards, planned_tensors
 from .records import ConvertResult, IndexMetadata, Manifest, OutIndex, PlanRow, Status
 from .sizes import human
 from .targets import make_target
@@ -67,9 +67,9 @@ def convert(src: str, out: str, target: str | None = None, *, revision: str | No
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part (with
-    `parts={COPIES: (done, total), UNITS: (done, total)}` and `converted=(units' output bytes run, seconds, the
-    first run's one-time excess in seconds)` when it has `takes_parts`, and then after every unit run too: their
-    bytes cost differently),
+    `parts={COPIES: (done, total), UNITS: (done, total)}` and `runs_left` (the seconds the units not yet run
+    take, eta.UnitRuns) when it has `takes_parts`, and then after every unit run too: their bytes cost
+    differently),
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
     (files/sources/stream.py), `connections` ranged GETs at once (default stream.CONNECTIONS); `upload_repo`:
@@ -335,21 +335,13 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, l
     copies = sum(t.nbytes for s in todo for t in s.tensors if not t.producers)
     total = {COPIES: copies, UNITS: result.bytes_written - copies}
     done = dict.fromkeys(total, 0)
-    # [bytes, seconds] of the first unit run and of the runs after it (the seconds over the lanes at once): the
-    # first pays compiles and warm-ups once (its excess over the later runs' cost per byte), so its cost per byte
-    # stands only until a second unit is run
-    first, warm = [0, 0.0], [0, 0.0]
-
-    def runs() -> tuple[int, float, float]:
-        if not warm[0]:
-            return first[0], first[1], 0.0
-        return warm[0], warm[1], max(first[1] - first[0] * warm[1] / warm[0], 0.0)
+    runs = eta.UnitRuns({plan.units[k] for s in todo for t in s.tensors for k in t.producers})
     parts = getattr(req.progress, "takes_parts", False)
 
     def tell() -> None:
         if parts:
             req.progress(sum(done.values()), result.bytes_written, parts={k: (done[k], total[k]) for k in total},
-                         converted=runs())
+                         runs_left=runs.seconds_left)
         elif req.progress:
             req.progress(sum(done.values()), result.bytes_written)
 
@@ -358,13 +350,11 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, l
             done[COPIES if copied else UNITS] += n
             tell()
 
-    def on_converted(unit, seconds: float) -> None:
+    def on_converted(unit: Unit, seconds: float) -> None:
         # the units' cost is known from the first unit run, before its outputs are written (a whole-block unit's
         # come after many seconds of copies and runs)
         with lock:
-            tally = warm if first[0] else first
-            tally[0] += unit.out_bytes
-            tally[1] += seconds / lanes[0]
+            runs.ran(unit, seconds / lanes[0])  # the lanes run units side by side
             if parts:
                 tell()
 

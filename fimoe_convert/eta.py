@@ -87,19 +87,58 @@ def samples(units) -> list:
 
 
 def unit_seconds(units, timed: dict) -> float:
-    """The seconds `units` take to convert, from `timed` {unit key: seconds} of samples(units): per kind, a line
-    through its smallest and largest unit (a fixed cost per unit and a cost per byte)."""
+    """The seconds `units` take to convert, from `timed` {unit: seconds}: the dry run's samples(units), or the units
+    a conversion ran so far (UnitRuns). Per kind, a line through its smallest and largest timed unit (a fixed cost
+    per unit and a cost per byte), or where its timed units are of one size their seconds per byte; a kind with
+    none timed at the seconds per byte of all the timed units."""
+    kinds: dict[tuple, tuple[int, int]] = {}
+    for u in units:
+        n, b = kinds.get(_kind(u), (0, 0))
+        kinds[_kind(u)] = (n + 1, b + u.out_bytes)
+    return _kinds_seconds(kinds, timed)
+
+
+def _kinds_seconds(kinds: dict[tuple, tuple[int, int]], timed: dict) -> float:
+    """unit_seconds of {kind: (units, output bytes)}."""
+    per_byte_all = sum(timed.values()) / max(sum(u.out_bytes for u in timed), 1)
     total = 0.0
-    for kind in {_kind(u) for u in units}:
-        same = [u for u in units if _kind(u) == kind]
-        big, small = _ends(units, kind)
-        t_big, t_small = timed[big.key], timed[small.key]
+    for kind, (count, nbytes) in kinds.items():
+        mine = [u for u in timed if _kind(u) == kind]
+        if not mine:
+            total += nbytes * per_byte_all
+            continue
+        big, small = _ends(mine, kind)
         if big.out_bytes > small.out_bytes:
-            per_byte = max(t_big - t_small, 0.0) / (big.out_bytes - small.out_bytes)
-            total += len(same) * t_small + sum(u.out_bytes - small.out_bytes for u in same) * per_byte
-        else:
-            total += len(same) * t_big
+            per_byte = max(timed[big] - timed[small], 0.0) / (big.out_bytes - small.out_bytes)
+            total += count * timed[small] + (nbytes - count * small.out_bytes) * per_byte
+        else:  # one size timed: its seconds per byte for all of the kind (for the dry run: the same per unit)
+            total += nbytes * sum(timed[u] for u in mine) / max(sum(u.out_bytes for u in mine), 1)
     return total
+
+
+class UnitRuns:
+    """The units' runs as a conversion's lanes report them, and the seconds the units not yet run will take
+    (unit_seconds through the runs so far, kept from one run to the next: asked at every written chunk). A kind's
+    first run pays compiles and warm-ups once (the dry run's first calls): it counts only until that kind has a
+    second run. Seconds are those of the lanes at once."""
+
+    def __init__(self, units):
+        self.todo = {u.key for u in units}
+        self.kinds: dict[tuple, tuple[int, int]] = {}  # {kind: (units not yet run, their output bytes)}
+        for u in units:
+            n, b = self.kinds.get(_kind(u), (0, 0))
+            self.kinds[_kind(u)] = (n + 1, b + u.out_bytes)
+        self.runs: dict[tuple, list[tuple[object, float]]] = {}  # {kind: [(unit, seconds)] in the order run}
+        self.seconds_left: float | None = None  # None before any unit has run
+
+    def ran(self, unit, seconds: float) -> None:
+        if unit.key in self.todo:
+            self.todo.discard(unit.key)
+            n, b = self.kinds[_kind(unit)]
+            self.kinds[_kind(unit)] = (n - 1, b - unit.out_bytes)
+        self.runs.setdefault(_kind(unit), []).append((unit, seconds))
+        timed = {u: s for runs in self.runs.values() for u, s in runs[1:] or runs}
+        self.seconds_left = _kinds_seconds(self.kinds, timed)
 
 
 def _cores() -> int:
@@ -211,7 +250,7 @@ def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0
     except FimoeError as e:
         return f"ETA: not estimated (converting a sample unit failed: {e})", None
     card_s = _card_seconds()
-    units_s = unit_seconds(units, timed)
+    units_s = unit_seconds(units, {u: timed[u.key] for u in picked})
     big = picked[0]
     sample = f"{big.key}, {human(big.out_bytes)} in {_secs(timed[big.key])}"
     if not local:  # nothing of SRC was read, so no read rate: the conversion's own share only

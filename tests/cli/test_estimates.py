@@ -47,7 +47,7 @@ def test_samples_are_the_largest_and_smallest_of_each_kind(units, want):
     (LEGS, {"l1.0": 0.03, "l2.0": 0.4}, 2 * 0.03 + 0.4),
 ])
 def test_unit_seconds_is_a_line_through_the_samples_of_each_kind(units, timed, want):
-    assert eta.unit_seconds(units, timed) == pytest.approx(want, rel=1e-12)
+    assert eta.unit_seconds(units, {u: timed[u.key] for u in units if u.key in timed}) == pytest.approx(want, rel=1e-12)
 
 
 def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
@@ -101,13 +101,14 @@ def progress_at(monkeypatch, share: float, parts: bool):
 
 
 @pytest.mark.parametrize("parts, within_2x", [
-    (True, True),  # copies and units each at its own seconds per byte: 9.9 s left said of 9.9 s
-    (False, False),  # one byte rate, the copies' mostly: 0.5 s said of 9.9 s
+    (True, True),  # copies and units each at its own seconds per byte: 9.7 s left said of 9.7 s
+    (False, False),  # one byte rate, the copies' mostly: 0.5 s said of 9.7 s
 ])
-def test_the_time_left_at_10_percent_is_within_2x_when_copies_and_units_are_rated_apart(monkeypatch, parts,
+def test_the_time_left_at_12_percent_is_within_2x_when_copies_and_units_are_rated_apart(monkeypatch, parts,
                                                                                         within_2x):
-    p, truth = progress_at(monkeypatch, 0.10, parts)
-    assert p.done == (COPY_MB + 1) * MB  # the copies are done by then, and the first unit MB
+    p, truth = progress_at(monkeypatch, 0.115, parts)
+    # the copies are done by then, and three units' MB: the first is the pipeline's fill, the next two have a cost
+    assert p.done == (COPY_MB + 3) * MB
     said = p.seconds_left()
     assert (0.5 <= said / truth <= 2.0) is within_2x, (said, truth)
 
@@ -116,8 +117,10 @@ def test_the_time_left_counts_the_units_once_they_have_a_rate(monkeypatch):
     p, truth = progress_at(monkeypatch, 0.05, parts=True)  # copies under way, no unit written yet
     assert p.seconds_left() is None
     assert not console.Progress.line(p).endswith("s left")
-    p, truth = progress_at(monkeypatch, 0.10, parts=True)
-    assert console.Progress.line(p) == "converting: 201.00 MB of 300.00 MB (67%), 182.65 MB/s, about 9.9 s left"
+    p, truth = progress_at(monkeypatch, 0.10, parts=True)  # one unit MB written: the pipeline's fill
+    assert p.seconds_left() is None
+    p, truth = progress_at(monkeypatch, 0.115, parts=True)
+    assert console.Progress.line(p) == "converting: 203.00 MB of 300.00 MB (68%), 155.98 MB/s, about 9.7 s left"
     assert p.seconds_left() == pytest.approx(truth, rel=1e-9)
 
 
@@ -265,37 +268,39 @@ def test_the_time_left_is_known_from_the_first_unit_run_before_any_output_is_wri
     p(101 * MB, total, parts=copies_done_units_none(101))  # copies: 100 MB in 0.5 s
     assert p.seconds_left() is None and p.left() == ""  # no unit run yet: the units' cost is not known
     now[0] = 2.0
-    p(101 * MB, total, parts=copies_done_units_none(101), converted=(5 * MB, 0.5, 0.0))  # run, none written
-    # copies: 99 MB left at 5 ms/MB; units: 100 MB left at 0.1 s/MB (their run's cost)
-    assert p.seconds_left() == pytest.approx(99 * 0.005 + 100 * 0.1, rel=1e-12)
+    p(101 * MB, total, parts=copies_done_units_none(101), runs_left=10.0)  # a unit run, none written
+    assert p.seconds_left() == pytest.approx(99 * 0.005 + 10.0, rel=1e-12)  # copies: 99 MB left at 5 ms/MB
     assert capsys.readouterr().err.splitlines()[-1] == ("converting: 101.00 MB of 300.00 MB (34%), 100.00 MB/s, "
                                                         "about 10 s left")
 
 
-@pytest.mark.parametrize("converted, want_s", [
-    # the first unit took 3 s of which 2 s were one-time (its run against the second's 1 s): the 4.2 s charged to
-    # the units' 20 MB written are 2.2 s of work, 0.11 s/MB (more than the runs' 0.1 s/MB) for the 80 MB left
-    ((10 * MB, 1.0, 2.0), 80 * 2.2 / 20),
-    ((10 * MB, 1.0, 0.0), 80 * 4.2 / 20),  # without the excess: the first run's compiles counted per byte
-    ((10 * MB, 3.0, 0.0), 80 * 0.3),  # runs slower than what was written: their cost
+@pytest.mark.parametrize("writes, runs_left, want_s", [
+    # the first unit's 10 MB written 3.1 s after the copies: the pipeline's fill (its read, its first run), not
+    # charged; the next 10 MB 1.1 s later: 0.11 s/MB for the 80 MB left, more than the runs' 8 s
+    ([(4.1, 10), (5.2, 10)], 8.0, 80 * 0.11),
+    ([(4.1, 10), (5.2, 10)], 24.0, 24.0),  # runs slower than what was written: their seconds
+    # a unit's 24-byte scale written 0.1 s after its weight: its cost per byte counts once 10 MB are charged
+    ([(4.1, 10), (4.2, 24e-6)], 8.0, 8.0),
+    ([(4.1, 10), (4.2, 24e-6), (5.3, 10)], 8.0, (UNIT_MB - 20 - 24e-6) * 1.2 / (10 + 24e-6)),
 ])
-def test_the_units_cost_is_the_larger_of_their_runs_and_their_writes_less_the_first_runs_excess(monkeypatch,
-                                                                                                converted, want_s):
+def test_the_units_time_left_is_the_larger_of_their_runs_and_their_writes_after_the_pipelines_fill(monkeypatch,
+                                                                                                   writes, runs_left,
+                                                                                                   want_s):
     p, now = fake_progress(monkeypatch)
     total = (COPY_MB + UNIT_MB) * MB
+    units = 0
 
-    def units(mb: int) -> dict:
-        return {console.COPIES: (COPY_MB * MB, COPY_MB * MB), console.UNITS: (mb * MB, UNIT_MB * MB)}
+    def parts() -> dict:
+        return {console.COPIES: (COPY_MB * MB, COPY_MB * MB), console.UNITS: (units, UNIT_MB * MB)}
 
     now[0] = 1.0
-    p(COPY_MB * MB, total, parts=units(0))
+    p(COPY_MB * MB, total, parts=parts())
     now[0] = 4.0
-    p(COPY_MB * MB, total, parts=units(0), converted=(10 * MB, 3.0, 0.0))  # the first unit run: 3 s
-    now[0] = 4.1
-    p((COPY_MB + 10) * MB, total, parts=units(10), converted=(10 * MB, 3.0, 0.0))  # charged 3.1 s
-    now[0] = 5.2
-    p((COPY_MB + 20) * MB, total, parts=units(20), converted=converted)  # the second, run and written: 1.1 s
-    assert p.seconds_left() == pytest.approx(want_s, rel=1e-12)
+    p(COPY_MB * MB, total, parts=parts(), runs_left=27.0)  # the first unit run
+    for t, mb in writes:
+        now[0], units = t, units + round(mb * MB)
+        p(COPY_MB * MB + units, total, parts=parts(), runs_left=runs_left)
+    assert p.seconds_left() == pytest.approx(want_s, rel=1e-9)
 
 
 class Terminal(io.StringIO):
@@ -314,11 +319,12 @@ def test_the_terminals_bar_shows_the_time_left_of_the_plain_line_not_tqdms(monke
     now[0] = 1.5
     p(101 * MB, total, parts=copies_done_units_none(101))
     now[0] = 2.0
-    p(101 * MB, total, parts=copies_done_units_none(101), converted=(5 * MB, 0.5, 0.0))
+    p(101 * MB, total, parts=copies_done_units_none(101), runs_left=10.0)
     try:
         bar = str(p.bar)
         assert p.left() == "about 10 s left" and p.line().endswith(", about 10 s left")
-        assert re.fullmatch(r"converting:  34%\|.*\| 101M/300M \[00:0\d, [0-9.]+[kMGT]?B/s, about 10 s left\]", bar), bar
+        assert re.fullmatch(r"converting:  34%\|.*\| 101M/300M \[00:0\d, [0-9.]+[kMGT]?B/s, about 10 s left\]",
+                            bar), bar  # tqdm's own time left would follow the elapsed time as `00:00<00:05`
     finally:
         p.close()
 
@@ -326,11 +332,32 @@ def test_the_terminals_bar_shows_the_time_left_of_the_plain_line_not_tqdms(monke
 def test_a_conversion_tells_of_a_unit_run_before_its_outputs_are_written(tiny_ckpt, tmp_path):
     calls = []
 
-    def progress(done, total, parts=None, converted=None):
-        calls.append((parts[console.UNITS][0], converted))
+    def progress(done, total, parts=None, runs_left=None):
+        calls.append((parts[console.UNITS][0], runs_left))
 
     progress.takes_parts = True
     conversion.convert(str(tiny_ckpt), str(tmp_path / "out"), target="bf16", progress=progress)
-    first_run = next(i for i, (_, c) in enumerate(calls) if c is not None and c[0] > 0)
-    assert calls[first_run][0] == 0  # not a byte of the units' written yet
-    assert calls[-1][1][1] > 0 and calls[-1][0] > 0
+    first_run = next(i for i, (_, left) in enumerate(calls) if left is not None)
+    assert calls[first_run][0] == 0 and calls[first_run][1] > 0  # a time left before a unit's byte is written
+    assert calls[-1][1] == 0.0  # every unit run
+
+
+L1 = [FakeUnit(f"l1.{i}", 100, leg="l1") for i in range(4)]
+L2 = [FakeUnit(f"l2.{i}", 50, leg="l2") for i in range(2)]
+
+
+@pytest.mark.parametrize("ran, left_s", [
+    # one run: l1 at its 0.03 s/byte (first call included), l2 not run yet at the same
+    ([(L1[0], 3.0)], 3 * 100 * 0.03 + 2 * 50 * 0.03),
+    # a second l1 run: 0.01 s/byte from it alone (the first paid compiles and warm-ups)
+    ([(L1[0], 3.0), (L1[1], 1.0)], 2 * 100 * 0.01 + 2 * 50 * 0.01),
+    # l2's first run: its own 0.02 s/byte (one run of a kind counts until it has a second)
+    ([(L1[0], 3.0), (L1[1], 1.0), (L2[0], 1.0)], 2 * 100 * 0.01 + 50 * 0.02),
+    ([(u, 1.0) for u in L1 + L2], 0.0),  # every unit run
+])
+def test_the_units_runs_left_are_timed_by_kind_from_the_runs_so_far_less_each_kinds_first_run(ran, left_s):
+    runs = eta.UnitRuns(L1 + L2)
+    assert runs.seconds_left is None
+    for unit, seconds in ran:
+        runs.ran(unit, seconds)
+    assert runs.seconds_left == pytest.approx(left_s, rel=1e-12, abs=1e-12)
