@@ -3,15 +3,15 @@
 line's "about N s left" against the seconds that really were left.
 
 usage: PYTHONPATH=. python3 scripts/bench/bench_eta.py SRC [SRC ...] WORK --case "TARGET [FLAG ...]" ... [--json FILE]
-  [--no-dry-run]
+  [--no-dry-run] [--cli-lines]
   e.g. SRC = demo-out/src (`fimoe-convert demo`), or a fixture: scripts/make_fixture.py DIR --preset flash-geometry
   --experts 6 --layers 2 (about 400 MB). Each case is one --case "TARGET [--arch X.Y] [--param K=V ...]"; every
 case runs on every SRC, the dry run (unless --no-dry-run) then the conversion, each in a process of its own as the
-CLI runs. Every progress line is recorded with the seconds since the conversion started (convert()'s own clock,
-after torch's import) and the total it predicts (those seconds plus its time left). The table gives the dry run's
-ratio real / estimate (1.0: exact), the share of the run at which the first time left is printed, and at 10%, 25%
-and 50% of the run the ratio predicted / real total of the line on screen then (the last printed; 1.0: exact, "-":
-no time left shown yet)."""
+CLI runs. Every progress line (one every LINE_EVERY_S, or with --cli-lines as often as the CLI prints them) is
+recorded with the seconds since the conversion started (convert()'s own clock, after torch's import) and the total
+it predicts (those seconds plus its time left). The table gives the dry run's ratio real / estimate (1.0: exact),
+the share of the run at which the first time left is printed, and at 10%, 25% and 50% of the run the ratio
+predicted / real total of the line on screen then (the last printed; 1.0: exact, "-": no time left shown yet)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ CHILD = """
 import sys, time
 T0 = time.monotonic()
 from fimoe_convert import console, conversion
-console.PLAIN_EVERY_S = %r
+if %r is not None:
+    console.PLAIN_EVERY_S = %r
 line = console.Progress.line
 console.Progress.line = lambda self: f"[{time.monotonic() - T0:.3f}] " + line(self)
 inner = conversion._convert
@@ -83,14 +84,15 @@ def ratio_at(lines: list[dict], real_s: float, share: float) -> float | None:
     return shown[-1]["predicted_s"] / real_s
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", CHILD % LINE_EVERY_S, *args], capture_output=True, text=True)
+def _run(args: list[str], every: float | None = LINE_EVERY_S) -> subprocess.CompletedProcess:
+    """The CLI with `args`, a progress line every `every` seconds (None: the CLI's own PLAIN_EVERY_S)."""
+    done = subprocess.run([sys.executable, "-c", CHILD % (every, every), *args], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"error: fimoe-convert {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
     return done
 
 
-def run_case(src: str, work: Path, args: list[str], dry_run: bool = True) -> dict:
+def run_case(src: str, work: Path, args: list[str], dry_run: bool = True, every: float | None = LINE_EVERY_S) -> dict:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     row: dict = {"src": src, "args": args}
@@ -100,7 +102,7 @@ def run_case(src: str, work: Path, args: list[str], dry_run: bool = True) -> dic
         res = json.loads(dry.stdout)
         row.update(estimate=res["estimate"], estimate_s=res.get("estimate_seconds") or eta_seconds(res["estimate"]),
                    dry_run_wall_s=round(time.monotonic() - t0, 2), dry_run_s=round(res["seconds"], 2))
-    real = _run([src, str(out), *args])  # not --json: it turns the progress lines off
+    real = _run([src, str(out), *args], every)  # not --json: it turns the progress lines off
     start, end = map(float, re.search(r"^\[bench\] convert ([0-9.]+) ([0-9.]+)$", real.stderr, re.M).groups())
     real_s = end - start
     lines = progress_lines(real.stderr, start)
@@ -122,6 +124,8 @@ def main() -> None:
     ap.add_argument("--case", action="append", required=True, help='e.g. "fp8_block --param scale_dtype=f32"')
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-dry-run", action="store_true", help="the conversions' progress lines only")
+    ap.add_argument("--cli-lines", action="store_true",
+                    help=f"progress lines as often as the CLI prints them, not every {LINE_EVERY_S} s")
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -132,7 +136,8 @@ def main() -> None:
     for src in a.srcs:
         for case in a.case:
             target, *rest = case.split()
-            row = run_case(src, work, ["--target", target, *rest], dry_run=not a.no_dry_run)
+            row = run_case(src, work, ["--target", target, *rest], dry_run=not a.no_dry_run,
+                           every=None if a.cli_lines else LINE_EVERY_S)
             rows.append(row)
             first = row["first_estimate_share"]
             print(f"{Path(src).name:<12} {case:<34} {_cell(row.get('estimate_s'), '.2f'):>13} {row['real_s']:>7.2f} "
