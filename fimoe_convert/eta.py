@@ -91,54 +91,79 @@ def unit_seconds(units, timed: dict) -> float:
     a conversion ran so far (UnitRuns). Per kind, a line through its smallest and largest timed unit (a fixed cost
     per unit and a cost per byte), or where its timed units are of one size their seconds per byte; a kind with
     none timed at the seconds per byte of all the timed units."""
-    kinds: dict[tuple, tuple[int, int]] = {}
+    kinds: dict[tuple, list[int]] = {}
     for u in units:
-        n, b = kinds.get(_kind(u), (0, 0))
-        kinds[_kind(u)] = (n + 1, b + u.out_bytes)
-    return _kinds_seconds(kinds, timed)
+        kinds.setdefault(_kind(u), [0, 0])
+        kinds[_kind(u)][0] += 1
+        kinds[_kind(u)][1] += u.out_bytes
+    ends: dict[tuple, _Timed] = {}
+    for u, secs in timed.items():
+        ends.setdefault(_kind(u), _Timed()).add(u, secs)
+    return _kinds_seconds(kinds, ends)
 
 
-def _kinds_seconds(kinds: dict[tuple, tuple[int, int]], timed: dict) -> float:
-    """unit_seconds of {kind: (units, output bytes)}."""
-    per_byte_all = sum(timed.values()) / max(sum(u.out_bytes for u in timed), 1)
+class _Timed:
+    """A kind's timed units: the smallest and the largest (by output bytes, then key) with their seconds, and the
+    bytes and seconds of all of them."""
+
+    def __init__(self):
+        self.small = self.big = None
+        self.t_small = self.t_big = self.seconds = 0.0
+        self.nbytes = 0
+
+    def add(self, unit, seconds: float) -> None:
+        if self.small is None or (unit.out_bytes, unit.key) < (self.small.out_bytes, self.small.key):
+            self.small, self.t_small = unit, seconds
+        if self.big is None or (unit.out_bytes, unit.key) > (self.big.out_bytes, self.big.key):
+            self.big, self.t_big = unit, seconds
+        self.nbytes += unit.out_bytes
+        self.seconds += seconds
+
+
+def _kinds_seconds(kinds: dict[tuple, list[int]], timed: dict[tuple, _Timed]) -> float:
+    """unit_seconds of {kind: [units, their output bytes]}, from {kind: its timed units}."""
+    per_byte_all = sum(t.seconds for t in timed.values()) / max(sum(t.nbytes for t in timed.values()), 1)
     total = 0.0
     for kind, (count, nbytes) in kinds.items():
-        mine = [u for u in timed if _kind(u) == kind]
-        if not mine:
+        t = timed.get(kind)
+        if t is None:
             total += nbytes * per_byte_all
-            continue
-        big, small = _ends(mine, kind)
-        if big.out_bytes > small.out_bytes:
-            per_byte = max(timed[big] - timed[small], 0.0) / (big.out_bytes - small.out_bytes)
-            total += count * timed[small] + (nbytes - count * small.out_bytes) * per_byte
+        elif t.big.out_bytes > t.small.out_bytes:
+            per_byte = max(t.t_big - t.t_small, 0.0) / (t.big.out_bytes - t.small.out_bytes)
+            total += count * t.t_small + (nbytes - count * t.small.out_bytes) * per_byte
         else:  # one size timed: its seconds per byte for all of the kind (for the dry run: the same per unit)
-            total += nbytes * sum(timed[u] for u in mine) / max(sum(u.out_bytes for u in mine), 1)
+            total += nbytes * t.seconds / max(t.nbytes, 1)
     return total
 
 
 class UnitRuns:
     """The units' runs as a conversion's lanes report them, and the seconds the units not yet run will take
-    (unit_seconds through the runs so far, kept from one run to the next: asked at every written chunk). A kind's
-    first run pays compiles and warm-ups once (the dry run's first calls): it counts only until that kind has a
-    second run. Seconds are those of the lanes at once."""
+    (unit_seconds through the runs so far, kept up to date run by run: it is read at every written chunk, and a
+    model has thousands of units). A kind's first run pays compiles and warm-ups once (the dry run's first
+    calls): it counts only until that kind has a second run. Seconds are those of the lanes at once."""
 
     def __init__(self, units):
         self.todo = {u.key for u in units}
-        self.kinds: dict[tuple, tuple[int, int]] = {}  # {kind: (units not yet run, their output bytes)}
+        self.kinds: dict[tuple, list[int]] = {}  # {kind: [units not yet run, their output bytes]}
         for u in units:
-            n, b = self.kinds.get(_kind(u), (0, 0))
-            self.kinds[_kind(u)] = (n + 1, b + u.out_bytes)
-        self.runs: dict[tuple, list[tuple[object, float]]] = {}  # {kind: [(unit, seconds)] in the order run}
+            self.kinds.setdefault(_kind(u), [0, 0])
+            self.kinds[_kind(u)][0] += 1
+            self.kinds[_kind(u)][1] += u.out_bytes
+        self.runs: dict[tuple, int] = {}  # {kind: its units run}
+        self.timed: dict[tuple, _Timed] = {}  # {kind: its runs that count}
         self.seconds_left: float | None = None  # None before any unit has run
 
     def ran(self, unit, seconds: float) -> None:
+        kind = _kind(unit)
         if unit.key in self.todo:
             self.todo.discard(unit.key)
-            n, b = self.kinds[_kind(unit)]
-            self.kinds[_kind(unit)] = (n - 1, b - unit.out_bytes)
-        self.runs.setdefault(_kind(unit), []).append((unit, seconds))
-        timed = {u: s for runs in self.runs.values() for u, s in runs[1:] or runs}
-        self.seconds_left = _kinds_seconds(self.kinds, timed)
+            self.kinds[kind][0] -= 1
+            self.kinds[kind][1] -= unit.out_bytes
+        self.runs[kind] = self.runs.get(kind, 0) + 1
+        if self.runs[kind] <= 2:  # the kind's first run, or its second, which replaces the first
+            self.timed[kind] = _Timed()
+        self.timed[kind].add(unit, seconds)
+        self.seconds_left = _kinds_seconds(self.kinds, self.timed)
 
 
 def _cores() -> int:
