@@ -22,6 +22,7 @@ COPIES, UNITS = "copies", "units"  # a conversion's parts: tensors copied as the
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops a command as Ctrl-C does
 # tqdm's bar without its own time left (from its byte rate, which disagreed with ours): ours is the postfix
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+BAR_EVERY_S = 0.1  # seconds: tqdm's own least time between redraws (mininterval)
 
 
 def is_rank0() -> bool:
@@ -88,6 +89,7 @@ class Progress:
         self.runs_left: float | None = None
         self.units_fill = 0  # bytes
         self.told = False  # a plain line has shown a time left
+        self.bar_at = -BAR_EVERY_S  # when the bar's time left was last summed
 
     takes_parts = True  # convert() gives it `parts` and `runs_left`
 
@@ -111,7 +113,9 @@ class Progress:
 
                 self.bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1000,
                                 desc=self.desc, file=sys.stderr, dynamic_ncols=True, bar_format=BAR_FORMAT)
-            self.bar.set_postfix_str(self.left(), refresh=False)
+            if now - self.bar_at >= BAR_EVERY_S:  # tqdm redraws at most that often: the time left is summed as often
+                self.bar_at = now
+                self.bar.set_postfix_str(self.left(), refresh=False)
             self.bar.update(done - self.bar.n)
         elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total or not self.told and self.left():
             self.last = time.monotonic()
