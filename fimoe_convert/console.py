@@ -88,18 +88,21 @@ class Progress:
         # count once as many bytes are charged (a unit's 24-byte scale written 10 ms after its weight read as 1 h).
         self.runs_left: float | None = None
         self.units_fill = 0  # bytes
-        self.told = False  # a plain line has shown a time left
+        self.runs_warm = False  # runs_left rests on a second run of a kind (a first pays compiles and warm-ups)
+        # Plain lines shown with a time left: 1 once one is, 2 once one from warm runs is. Each is shown at once,
+        # not PLAIN_EVERY_S later: a run of a few seconds showed none, and a first run's excess stood for seconds.
+        self.told = 0
         self.bar_at = -BAR_EVERY_S  # when the bar's time left was last summed
 
-    takes_parts = True  # convert() gives it `parts` and `runs_left`
+    takes_parts = True  # convert() gives it `parts`, `runs_left` and `runs_warm`
 
     def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None,
-                 runs_left: float | None = None) -> None:
+                 runs_left: float | None = None, runs_warm: bool = False) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
         if runs_left is not None:
-            self.runs_left = runs_left
+            self.runs_left, self.runs_warm = runs_left, runs_warm
         if done != self.done or not self.points:  # a call for a unit run alone moves no bytes: nothing to charge
             if parts is not None:
                 self._charge(now, parts)
@@ -117,10 +120,12 @@ class Progress:
                 self.bar_at = now
                 self.bar.set_postfix_str(self.left(), refresh=False)
             self.bar.update(done - self.bar.n)
-        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total or not self.told and self.left():
+        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total or self.told < 1 + self.runs_warm and \
+                self.left():
             self.last = time.monotonic()
             line = self.line()
-            self.told = self.told or line.endswith(" left")  # the first time left is shown at once, then every few s
+            if line.endswith(" left"):
+                self.told = max(self.told, 1 + self.runs_warm)
             print(line, file=sys.stderr, flush=True)
 
     def _charge(self, now: float, parts: dict[str, tuple[int, int]]) -> None:

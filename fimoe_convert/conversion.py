@@ -67,9 +67,9 @@ def convert(src: str, out: str, target: str | None = None, *, revision: str | No
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part (with
-    `parts={COPIES: (done, total), UNITS: (done, total)}` and `runs_left` (the seconds the units not yet run
-    take, eta.UnitRuns) when it has `takes_parts`, and then after every unit run too: their bytes cost
-    differently),
+    `parts={COPIES: (done, total), UNITS: (done, total)}`, `runs_left` (the seconds the units not yet run
+    take, eta.UnitRuns) and `runs_warm` (that rests on a second run of a kind) when it has `takes_parts`, and then
+    after every unit run too: their bytes cost differently),
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
     (files/sources/stream.py), `connections` ranged GETs at once (default stream.CONNECTIONS); `upload_repo`:
@@ -341,7 +341,7 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, l
     def tell() -> None:
         if parts:
             req.progress(sum(done.values()), result.bytes_written, parts={k: (done[k], total[k]) for k in total},
-                         runs_left=runs.seconds_left)
+                         runs_left=runs.seconds_left, runs_warm=runs.warm)
         elif req.progress:
             req.progress(sum(done.values()), result.bytes_written)
 

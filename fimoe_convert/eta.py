@@ -152,6 +152,7 @@ class UnitRuns:
         self.runs: dict[tuple, int] = {}  # {kind: its units run}
         self.timed: dict[tuple, _Timed] = {}  # {kind: its runs that count}
         self.seconds_left: float | None = None  # None before any unit has run
+        self.warm = False  # a kind has run twice: seconds_left rests on a run past the compiles and warm-ups
 
     def ran(self, unit, seconds: float) -> None:
         kind = _kind(unit)
@@ -162,6 +163,7 @@ class UnitRuns:
         self.runs[kind] = self.runs.get(kind, 0) + 1
         if self.runs[kind] <= 2:  # the kind's first run, or its second, which replaces the first
             self.timed[kind] = _Timed()
+        self.warm = self.warm or self.runs[kind] > 1
         self.timed[kind].add(unit, seconds)
         self.seconds_left = _kinds_seconds(self.kinds, self.timed)
 

@@ -303,6 +303,28 @@ def test_the_units_time_left_is_the_larger_of_their_runs_and_their_writes_after_
     assert p.seconds_left() == pytest.approx(want_s, rel=1e-9)
 
 
+def test_the_first_time_left_and_the_first_from_warm_runs_are_printed_at_once_then_every_few_seconds(monkeypatch,
+                                                                                                     capsys):
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+    printed = []
+    for t, copied, runs_left, warm in [
+        (1.0, 1, None, False),
+        (1.5, 101, None, False),  # no time left known yet
+        (2.0, 101, 30.0, False),  # the first unit run: its time left at once
+        (2.1, 102, 30.0, False),
+        (2.2, 102, 10.0, True),  # a second run of its kind: at once again
+        (2.3, 103, 10.0, True),  # then one every PLAIN_EVERY_S
+        (7.1, 103, 10.0, True),  # 4.9 s after the last line: none
+        (7.3, 103, 10.0, True),
+    ]:
+        now[0] = t
+        p(copied * MB, total, parts=copies_done_units_none(copied), runs_left=runs_left, runs_warm=warm)
+        printed += [(t, line.rpartition(", ")[2]) for line in capsys.readouterr().err.splitlines()]
+    # copies: 99 MB left at 5 ms/MB, then 98 and 97 MB at 6 and 6.9 ms/MB
+    assert printed == [(2.0, "about 30 s left"), (2.2, "about 11 s left"), (7.3, "about 11 s left")]
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -332,32 +354,34 @@ def test_the_terminals_bar_shows_the_time_left_of_the_plain_line_not_tqdms(monke
 def test_a_conversion_tells_of_a_unit_run_before_its_outputs_are_written(tiny_ckpt, tmp_path):
     calls = []
 
-    def progress(done, total, parts=None, runs_left=None):
-        calls.append((parts[console.UNITS][0], runs_left))
+    def progress(done, total, parts=None, runs_left=None, runs_warm=False):
+        calls.append((parts[console.UNITS][0], runs_left, runs_warm))
 
     progress.takes_parts = True
     conversion.convert(str(tiny_ckpt), str(tmp_path / "out"), target="bf16", progress=progress)
-    first_run = next(i for i, (_, left) in enumerate(calls) if left is not None)
+    first_run = next(i for i, (_, left, _) in enumerate(calls) if left is not None)
     assert calls[first_run][0] == 0 and calls[first_run][1] > 0  # a time left before a unit's byte is written
-    assert calls[-1][1] == 0.0  # every unit run
+    assert calls[first_run][2] is False and calls[-1][1:] == (0.0, True)  # every unit run, kinds run twice
 
 
 L1 = [FakeUnit(f"l1.{i}", 100, leg="l1") for i in range(4)]
 L2 = [FakeUnit(f"l2.{i}", 50, leg="l2") for i in range(2)]
 
 
-@pytest.mark.parametrize("ran, left_s", [
+@pytest.mark.parametrize("ran, left_s, warm", [
     # one run: l1 at its 0.03 s/byte (first call included), l2 not run yet at the same
-    ([(L1[0], 3.0)], 3 * 100 * 0.03 + 2 * 50 * 0.03),
+    ([(L1[0], 3.0)], 3 * 100 * 0.03 + 2 * 50 * 0.03, False),
+    ([(L1[0], 3.0), (L2[0], 1.0)], 3 * 100 * 0.03 + 50 * 0.02, False),  # a first run of each kind
     # a second l1 run: 0.01 s/byte from it alone (the first paid compiles and warm-ups)
-    ([(L1[0], 3.0), (L1[1], 1.0)], 2 * 100 * 0.01 + 2 * 50 * 0.01),
+    ([(L1[0], 3.0), (L1[1], 1.0)], 2 * 100 * 0.01 + 2 * 50 * 0.01, True),
     # l2's first run: its own 0.02 s/byte (one run of a kind counts until it has a second)
-    ([(L1[0], 3.0), (L1[1], 1.0), (L2[0], 1.0)], 2 * 100 * 0.01 + 50 * 0.02),
-    ([(u, 1.0) for u in L1 + L2], 0.0),  # every unit run
+    ([(L1[0], 3.0), (L1[1], 1.0), (L2[0], 1.0)], 2 * 100 * 0.01 + 50 * 0.02, True),
+    ([(u, 1.0) for u in L1 + L2], 0.0, True),  # every unit run
 ])
-def test_the_units_runs_left_are_timed_by_kind_from_the_runs_so_far_less_each_kinds_first_run(ran, left_s):
+def test_the_units_runs_left_are_timed_by_kind_from_the_runs_so_far_less_each_kinds_first_run(ran, left_s, warm):
     runs = eta.UnitRuns(L1 + L2)
     assert runs.seconds_left is None
     for unit, seconds in ran:
         runs.ran(unit, seconds)
     assert runs.seconds_left == pytest.approx(left_s, rel=1e-12, abs=1e-12)
+    assert runs.warm is warm
