@@ -14,12 +14,15 @@ import sys
 import threading
 import time
 
-from .sizes import human
+from .sizes import duration, human
 
 PLAIN_EVERY_S = 5.0  # seconds between progress lines when stderr is not a terminal
 RATE_WINDOW_S = 10.0  # the progress rate and time left come from the bytes done in these last seconds
 COPIES, UNITS = "copies", "units"  # a conversion's parts: tensors copied as they are, and units' outputs
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what stops a command as Ctrl-C does
+# tqdm's bar without its own time left (from its byte rate, which disagreed with ours): ours is the postfix
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+BAR_EVERY_S = 0.1  # seconds: tqdm's own least time between redraws (mininterval)
 
 
 def is_rank0() -> bool:
@@ -78,29 +81,52 @@ class Progress:
         self.parts: dict[str, tuple[int, int]] = {}
         self.charged: collections.deque[tuple[float, str, int, float]] = collections.deque()
         self.charged_ever: dict[str, tuple[int, float]] = {}  # {part: (bytes, seconds)} since the first call
+        # The seconds the units not yet run will take (convert()'s eta.UnitRuns), None before any has run: the
+        # units' cost from the first unit run on, before any of its outputs is written (a whole-block unit's come
+        # late in the run). The seconds up to the first units' bytes written are not charged to them: they are the
+        # pipeline's fill (that unit's read, its run's compiles and warm-ups), paid once; their seconds per byte
+        # count once as many bytes are charged (a unit's 24-byte scale written 10 ms after its weight read as 1 h).
+        self.runs_left: float | None = None
+        self.units_fill = 0  # bytes
+        self.runs_warm = False  # runs_left rests on a second run of a kind (a first pays compiles and warm-ups)
+        # Plain lines shown with a time left: 1 once one is, 2 once one from warm runs is. Each is shown at once,
+        # not PLAIN_EVERY_S later: a run of a few seconds showed none, and a first run's excess stood for seconds.
+        self.told = 0
+        self.bar_at = -BAR_EVERY_S  # when the bar's time left was last summed
 
-    takes_parts = True  # convert() gives it `parts`
+    takes_parts = True  # convert() gives it `parts`, `runs_left` and `runs_warm`
 
-    def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None) -> None:
+    def __call__(self, done: int, total: int, parts: dict[str, tuple[int, int]] | None = None,
+                 runs_left: float | None = None, runs_warm: bool = False) -> None:
         if not self.enabled:
             return
-        self.done, self.total = done, total
         now = time.monotonic()
-        if parts is not None:
-            self._charge(now, parts)
-        self.points.append((now, done))
-        while len(self.points) > 2 and self.points[1][0] <= now - RATE_WINDOW_S:
-            self.points.popleft()  # the oldest kept is at or just before the window's start
+        if runs_left is not None:
+            self.runs_left, self.runs_warm = runs_left, runs_warm
+        if done != self.done or not self.points:  # a call for a unit run alone moves no bytes: nothing to charge
+            if parts is not None:
+                self._charge(now, parts)
+            self.points.append((now, done))
+            while len(self.points) > 2 and self.points[1][0] <= now - RATE_WINDOW_S:
+                self.points.popleft()  # the oldest kept is at or just before the window's start
+        self.done, self.total = done, total
         if sys.stderr.isatty() and terminal_columns() > 0:  # a bar 0 columns wide shows nothing: plain lines
             if self.bar is None:
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1000,
-                                desc=self.desc, file=sys.stderr, dynamic_ncols=True)
+                                desc=self.desc, file=sys.stderr, dynamic_ncols=True, bar_format=BAR_FORMAT)
+            if now - self.bar_at >= BAR_EVERY_S:  # tqdm redraws at most that often: the time left is summed as often
+                self.bar_at = now
+                self.bar.set_postfix_str(self.left(), refresh=False)
             self.bar.update(done - self.bar.n)
-        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total:
+        elif time.monotonic() - self.last >= PLAIN_EVERY_S or done >= total or self.told < 1 + self.runs_warm and \
+                self.left():
             self.last = time.monotonic()
-            print(self.line(), file=sys.stderr, flush=True)
+            line = self.line()
+            if line.endswith(" left"):
+                self.told = max(self.told, 1 + self.runs_warm)
+            print(line, file=sys.stderr, flush=True)
 
     def _charge(self, now: float, parts: dict[str, tuple[int, int]]) -> None:
         """The seconds since the call before, charged to the parts whose bytes this call counts (by their bytes)."""
@@ -109,6 +135,9 @@ class Progress:
         if self.points and grew:  # the first call's bytes: no seconds known to charge them (as the rate's)
             per_byte = (now - self.points[-1][0]) / sum(grew.values())
             for k, n in grew.items():
+                if k == UNITS and not self.units_fill:  # the pipeline's fill: the first unit's read and run
+                    self.units_fill = n
+                    continue
                 self.charged.append((now, k, n, n * per_byte))
                 b, s = self.charged_ever.get(k, (0, 0.0))
                 self.charged_ever[k] = (b + n, s + n * per_byte)
@@ -118,8 +147,9 @@ class Progress:
 
     def seconds_left(self) -> float | None:
         """With parts: each part's bytes left at its own seconds per byte (from its calls in the last
-        RATE_WINDOW_S, or since the first call if none was that recent), summed; None until every part with bytes
-        left has been charged some. Without: the bytes left at the rate of the last RATE_WINDOW_S."""
+        RATE_WINDOW_S, or since the first call if none was that recent; for the units, the larger of that and
+        the seconds their runs left take), summed; None until every part with bytes left has a cost. Without: the bytes
+        left at the rate of the last RATE_WINDOW_S."""
         if self.parts:
             recent: dict[str, tuple[int, float]] = {}
             for _, k, n, s in self.charged:
@@ -130,9 +160,12 @@ class Progress:
                 if d >= total:
                     continue
                 b, s = recent.get(k) or self.charged_ever.get(k, (0, 0.0))
-                if b <= 0:
+                said = [(total - d) * s / b] if b > 0 and (k != UNITS or b >= self.units_fill) else []
+                if k == UNITS and self.runs_left is not None:  # writing may cost more than the runs: the larger
+                    said.append(self.runs_left)
+                if not said:
                     return None
-                left += (total - d) * s / b
+                left += max(said)
             return left
         t_old, d_old = self.points[0] if self.points else (self.t0, 0)
         now = time.monotonic()
@@ -140,20 +173,24 @@ class Progress:
             return (self.total - self.done) * (now - t_old) / (self.done - d_old)
         return None
 
+    def left(self) -> str:
+        """The time left as both the plain line and the terminal's bar show it ('about 12 s left'), or ''."""
+        secs = self.seconds_left() if self.done < self.total else None
+        return "" if secs is None else f"{duration(secs)} left"
+
     def line(self) -> str:
         """One plain progress line. The rate comes from the bytes done in the last RATE_WINDOW_S (from the first
-        call on), the time left from seconds_left; before a second call, the rate since the start, and no time
-        left."""
+        call on), the time left from seconds_left; before a second call, the rate since the start."""
         now = time.monotonic()
         pct = 100 * self.done / self.total if self.total else 100.0
         text = f"{self.desc}: {human(self.done)} of {human(self.total)} ({pct:.0f}%)"
         t_old, d_old = self.points[0] if self.points else (self.t0, 0)
         if now > t_old and self.done > d_old:
-            rate = (self.done - d_old) / (now - t_old)
-            secs = self.seconds_left() if self.done < self.total else None
-            left = "" if secs is None else f", about {secs:.0f} s left"
-            return f"{text}, {human(rate)}/s{left}"
-        return f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
+            text = f"{text}, {human((self.done - d_old) / (now - t_old))}/s"
+        else:
+            text = f"{text}, {human(self.done / max(now - self.t0, 1e-9))}/s"
+        left = self.left()
+        return f"{text}, {left}" if left else text
 
     def close(self) -> None:
         if self.bar is not None:

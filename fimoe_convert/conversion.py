@@ -45,7 +45,7 @@ from .files.sources.stream import StreamedSource, end_early, open_streamed, stre
 from .hub import model_card
 from .options import DEFAULT_MAX_MEMORY, DEFAULT_SHARD_SIZE, ConvertOptions, Request, check_flags
 from .pipeline.reads import source_reads
-from .plan import OutShard, Plan, assign_shards, plan_shards, planned_tensors
+from .plan import OutShard, Plan, Unit, assign_shards, plan_shards, planned_tensors
 from .records import ConvertResult, IndexMetadata, Manifest, OutIndex, PlanRow, Status
 from .sizes import human
 from .targets import make_target
@@ -67,7 +67,9 @@ def convert(src: str, out: str, target: str | None = None, *, revision: str | No
 
     `writers`: output shards written at once (default: from the cores and --max-memory); the output is the
     same for any value. `progress(done_bytes, total_bytes)` is called after every written tensor part (with
-    `parts={COPIES: (done, total), UNITS: (done, total)}` when it has `takes_parts`: their bytes cost differently),
+    `parts={COPIES: (done, total), UNITS: (done, total)}`, `runs_left` (the seconds the units not yet run
+    take, eta.UnitRuns) and `runs_warm` (that rests on a second run of a kind) when it has `takes_parts`, and then
+    after every unit run too: their bytes cost differently),
     `check_progress` while --resume re-hashes the shards it keeps; `command` is the command line shown in the
     model card. `stream`: read a Hub SRC's shards over HTTP straight into the conversion, none to disk
     (files/sources/stream.py), `connections` ranged GETs at once (default stream.CONNECTIONS); `upload_repo`:
@@ -334,20 +336,32 @@ def _write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, l
     copies = sum(t.nbytes for s in todo for t in s.tensors if not t.producers)
     total = {COPIES: copies, UNITS: result.bytes_written - copies}
     done = dict.fromkeys(total, 0)
+    runs = eta.UnitRuns({plan.units[k] for s in todo for t in s.tensors for k in t.producers})
     parts = getattr(req.progress, "takes_parts", False)
+
+    def tell() -> None:
+        if parts:
+            req.progress(sum(done.values()), result.bytes_written, parts={k: (done[k], total[k]) for k in total},
+                         runs_left=runs.seconds_left, runs_warm=runs.warm)
+        elif req.progress:
+            req.progress(sum(done.values()), result.bytes_written)
 
     def on_bytes(n: int, copied: bool) -> None:
         with lock:
             done[COPIES if copied else UNITS] += n
+            tell()
+
+    def on_converted(unit: Unit, seconds: float) -> None:
+        # the units' cost is known from the first unit run, before its outputs are written (a whole-block unit's
+        # come after many seconds of copies and runs)
+        with lock:
+            runs.ran(unit, seconds / lanes[0])  # the lanes run units side by side
             if parts:
-                req.progress(sum(done.values()), result.bytes_written,
-                             parts={k: (done[k], total[k]) for k in total})
-            elif req.progress:
-                req.progress(sum(done.values()), result.bytes_written)
+                tell()
 
     start = time.perf_counter() - t0
     mine, timings = write_shards(plan, todo, source, converter, req.out, lanes, manifest, group.rank, group.world,
-                                 on_bytes)
+                                 on_bytes, on_converted)
     result.timings = {k: round(v, 3) for k, v in {"start": start, **timings}.items()}
     return mine
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .errors import FimoeError
 from .files.output.space import small_write_seconds, write_rate as write_rate_of
-from .sizes import human
+from .sizes import duration, human
 
 SAMPLE_READ_BYTES = 64 * 1000**2  # bytes of SRC read to measure its read rate (all of SRC if it is smaller)
 HASH_SAMPLE_BYTES = 8 * 1000**2  # bytes hashed (best of three) to measure sha256's rate
@@ -68,11 +68,6 @@ def _secs(s: float) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s"
 
 
-def _when(secs: float) -> str:
-    return (f"about {secs:.1f} s" if secs < 10 else f"about {secs:.0f} s" if secs < 120
-            else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")
-
-
 def _kind(u) -> tuple:
     """Units of one kind do the same work per byte: dense rewrites, and each leg of the experts' (a megamoe l2 unit
     takes ten times an l1 unit half its size)."""
@@ -92,19 +87,85 @@ def samples(units) -> list:
 
 
 def unit_seconds(units, timed: dict) -> float:
-    """The seconds `units` take to convert, from `timed` {unit key: seconds} of samples(units): per kind, a line
-    through its smallest and largest unit (a fixed cost per unit and a cost per byte)."""
+    """The seconds `units` take to convert, from `timed` {unit: seconds}: the dry run's samples(units), or the units
+    a conversion ran so far (UnitRuns). Per kind, a line through its smallest and largest timed unit (a fixed cost
+    per unit and a cost per byte), or where its timed units are of one size their seconds per byte; a kind with
+    none timed at the seconds per byte of all the timed units."""
+    kinds: dict[tuple, list[int]] = {}
+    for u in units:
+        kinds.setdefault(_kind(u), [0, 0])
+        kinds[_kind(u)][0] += 1
+        kinds[_kind(u)][1] += u.out_bytes
+    ends: dict[tuple, _Timed] = {}
+    for u, secs in timed.items():
+        ends.setdefault(_kind(u), _Timed()).add(u, secs)
+    return _kinds_seconds(kinds, ends)
+
+
+class _Timed:
+    """A kind's timed units: the smallest and the largest (by output bytes, then key) with their seconds, and the
+    bytes and seconds of all of them."""
+
+    def __init__(self):
+        self.small = self.big = None
+        self.t_small = self.t_big = self.seconds = 0.0
+        self.nbytes = 0
+
+    def add(self, unit, seconds: float) -> None:
+        if self.small is None or (unit.out_bytes, unit.key) < (self.small.out_bytes, self.small.key):
+            self.small, self.t_small = unit, seconds
+        if self.big is None or (unit.out_bytes, unit.key) > (self.big.out_bytes, self.big.key):
+            self.big, self.t_big = unit, seconds
+        self.nbytes += unit.out_bytes
+        self.seconds += seconds
+
+
+def _kinds_seconds(kinds: dict[tuple, list[int]], timed: dict[tuple, _Timed]) -> float:
+    """unit_seconds of {kind: [units, their output bytes]}, from {kind: its timed units}."""
+    per_byte_all = sum(t.seconds for t in timed.values()) / max(sum(t.nbytes for t in timed.values()), 1)
     total = 0.0
-    for kind in {_kind(u) for u in units}:
-        same = [u for u in units if _kind(u) == kind]
-        big, small = _ends(units, kind)
-        t_big, t_small = timed[big.key], timed[small.key]
-        if big.out_bytes > small.out_bytes:
-            per_byte = max(t_big - t_small, 0.0) / (big.out_bytes - small.out_bytes)
-            total += len(same) * t_small + sum(u.out_bytes - small.out_bytes for u in same) * per_byte
-        else:
-            total += len(same) * t_big
+    for kind, (count, nbytes) in kinds.items():
+        t = timed.get(kind)
+        if t is None:
+            total += nbytes * per_byte_all
+        elif t.big.out_bytes > t.small.out_bytes:
+            per_byte = max(t.t_big - t.t_small, 0.0) / (t.big.out_bytes - t.small.out_bytes)
+            total += count * t.t_small + (nbytes - count * t.small.out_bytes) * per_byte
+        else:  # one size timed: its seconds per byte for all of the kind (for the dry run: the same per unit)
+            total += nbytes * t.seconds / max(t.nbytes, 1)
     return total
+
+
+class UnitRuns:
+    """The units' runs as a conversion's lanes report them, and the seconds the units not yet run will take
+    (unit_seconds through the runs so far, kept up to date run by run: it is read at every written chunk, and a
+    model has thousands of units). A kind's first run pays compiles and warm-ups once (the dry run's first
+    calls): it counts only until that kind has a second run. Seconds are those of the lanes at once."""
+
+    def __init__(self, units):
+        self.todo = {u.key for u in units}
+        self.kinds: dict[tuple, list[int]] = {}  # {kind: [units not yet run, their output bytes]}
+        for u in units:
+            self.kinds.setdefault(_kind(u), [0, 0])
+            self.kinds[_kind(u)][0] += 1
+            self.kinds[_kind(u)][1] += u.out_bytes
+        self.runs: dict[tuple, int] = {}  # {kind: its units run}
+        self.timed: dict[tuple, _Timed] = {}  # {kind: its runs that count}
+        self.seconds_left: float | None = None  # None before any unit has run
+        self.warm = False  # a kind has run twice: seconds_left rests on a run past the compiles and warm-ups
+
+    def ran(self, unit, seconds: float) -> None:
+        kind = _kind(unit)
+        if unit.key in self.todo:
+            self.todo.discard(unit.key)
+            self.kinds[kind][0] -= 1
+            self.kinds[kind][1] -= unit.out_bytes
+        self.runs[kind] = self.runs.get(kind, 0) + 1
+        if self.runs[kind] <= 2:  # the kind's first run, or its second, which replaces the first
+            self.timed[kind] = _Timed()
+        self.warm = self.warm or self.runs[kind] > 1
+        self.timed[kind].add(unit, seconds)
+        self.seconds_left = _kinds_seconds(self.kinds, self.timed)
 
 
 def _cores() -> int:
@@ -216,7 +277,7 @@ def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0
     except FimoeError as e:
         return f"ETA: not estimated (converting a sample unit failed: {e})", None
     card_s = _card_seconds()
-    units_s = unit_seconds(units, timed)
+    units_s = unit_seconds(units, {u: timed[u.key] for u in picked})
     big = picked[0]
     sample = f"{big.key}, {human(big.out_bytes)} in {_secs(timed[big.key])}"
     if not local:  # nothing of SRC was read, so no read rate: the conversion's own share only
@@ -253,7 +314,7 @@ def estimate(source, target, plan, notice=None, out_dir=None, setup_s: float = 0
     secs = c.total()
     writes = (f"writing {human(write_bytes)} at {human(write_rate)}/s about {c.write:.1f} s" if write_rate else
               "writing OUT not measured")
-    line = (f"ETA: {_when(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
+    line = (f"ETA: {duration(secs)} (estimate, measured here: one-time costs about {c.once:.1f} s (opening SRC and "
             f"planning {c.setup:.1f} s, first calls {c.first_calls:.1f} s, the model card's imports {c.card:.1f} s"
             f"{meta}); "
             f"{len(units)} units convert in about {c.convert:.1f} s on {device} (largest sample {sample}); reading "

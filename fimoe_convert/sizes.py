@@ -1,4 +1,4 @@
-"""Byte sizes: parse `5GB` (decimal) / `2GiB` (binary) and print them."""
+"""Byte sizes: parse `5GB` (decimal) / `2GiB` (binary) and print them; durations printed as estimates are."""
 
 from __future__ import annotations
 
@@ -34,3 +34,10 @@ def human(nbytes: int | float) -> str:
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
         nbytes /= 1000
     raise AssertionError
+
+
+def duration(secs: float) -> str:
+    """An estimated duration: 'about 1.3 s' under 10 s (whole seconds would be off by up to 50% there), then
+    whole seconds, minutes and hours."""
+    return (f"about {secs:.1f} s" if secs < 10 else f"about {secs:.0f} s" if secs < 120
+            else f"about {secs / 60:.1f} min" if secs < 7200 else f"about {secs / 3600:.1f} h")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -72,8 +72,10 @@ class Feeder:
     """Reader and converter threads for one lane; the writer iterates `chunks()`. `stop()` wakes and ends both
     threads, and the writer's next step raises Stopped."""
 
-    def __init__(self, plan: Plan, shards: ShardQueue, source: Source, target, budget: int):
+    def __init__(self, plan: Plan, shards: ShardQueue, source: Source, target, budget: int,
+                 on_converted: Callable[[Unit, float], None] | None = None):
         self.plan, self.shards, self.source, self.target = plan, shards, source, target
+        self.on_converted = on_converted  # (unit, seconds its run took) as each unit is converted, before it is written
         self.cuda = target.opts.device == "cuda"
         self.budget = Budget(budget)
         self.read_q = Channel()  # reader -> converter
@@ -167,8 +169,11 @@ class Feeder:
                 if self.cuda:
                     event = torch.cuda.Event()
                     event.record()
-                self.seconds["convert"] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                self.seconds["convert"] += took
                 log.debug("timeline %.3f convert-done %s", time.perf_counter(), item.unit.key)
+                if self.on_converted is not None:
+                    self.on_converted(item.unit, took)
                 # the inputs are done with; the writer releases each written output's bytes as it writes it
                 self.budget.release(item.held - sum(nbytes(got[n]) for n in item.run.writes))
                 del got, item

@@ -19,7 +19,7 @@ from ..files.safetensors.header import PlannedTensor
 from ..files.safetensors.writer import ShardWriter
 from ..files.sources.local import Source
 from ..files.sources.stream import StreamedSource
-from ..plan import OutShard, Plan
+from ..plan import OutShard, Plan, Unit
 from ..records import FileRecord, Manifest, Status
 from .channels import Stopped
 from .feeder import Chunk, Feeder, ShardQueue, ShardStart, nbytes
@@ -31,15 +31,16 @@ SHARD_METADATA = {"format": "pt"}  # what transformers and safetensors' torch AP
 
 class Lanes:
     """`count` lanes writing `shards` of `plan` into `out_dir`. `on_bytes(n, copied)` after every written chunk
-    (`copied`: of a tensor copied as it is, not a unit's output),
-    `on_shard(shard, written file)` after every finished shard (both from lane threads). `timings`: seconds per
-    stage, summed over lanes."""
+    (`copied`: of a tensor copied as it is, not a unit's output), `on_converted(unit, seconds)` after every unit
+    run (before its outputs are written), `on_shard(shard, written file)` after every finished shard (all from
+    lane threads). `timings`: seconds per stage, summed over lanes."""
 
     def __init__(self, plan: Plan, shards: list[OutShard], source: Source, target, out_dir: Path, count: int,
-                 budget: int, on_bytes: Callable[[int, bool], None], on_shard: Callable[[OutShard, FileRecord], None]):
+                 budget: int, on_bytes: Callable[[int, bool], None], on_shard: Callable[[OutShard, FileRecord], None],
+                 on_converted: Callable[[Unit, float], None] | None = None):
         self.out_dir, self.on_bytes, self.on_shard = out_dir, on_bytes, on_shard
         queue = ShardQueue(shards)
-        self.feeders = [Feeder(plan, queue, source, target, budget) for _ in range(count)]
+        self.feeders = [Feeder(plan, queue, source, target, budget, on_converted) for _ in range(count)]
         self.timings = {"wait_for_data": 0.0, "write": 0.0}
         self.lock = threading.Lock()
 
@@ -220,12 +221,14 @@ class _ShardJob:
 
 
 def write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, out_dir: Path, lanes: tuple[int, int],
-                 manifest: LiveManifest, rank: int, world: int, on_bytes: Callable[[int, bool], None]
+                 manifest: LiveManifest, rank: int, world: int, on_bytes: Callable[[int, bool], None],
+                 on_converted: Callable[[Unit, float], None] | None = None
                  ) -> tuple[dict[str, FileRecord], dict[str, float]]:
     """Write this rank's shards on `lanes` (count, bytes of each one's budget): ({shard file: record} of those
-    written, the lanes' timings). Each finished shard is recorded at once (the manifest, or under torchrun a status
-    file per rank), with the report of the units whose first output it holds, so that an interrupted run resumes
-    with every finished shard and reports every unit once."""
+    written, the lanes' timings); `on_bytes` and `on_converted` as Lanes calls them. Each finished shard is
+    recorded at once (the manifest, or under torchrun a status file per rank), with the report of the units whose
+    first output it holds, so that an interrupted run resumes with every finished shard and reports every unit
+    once."""
     first_units: dict[str, list[str]] = {}
     seen: set[str] = set()
     for shard in plan.shards:
@@ -255,5 +258,5 @@ def write_shards(plan: Plan, todo: list[OutShard], source: Source, converter, ou
                 write_rank_status(out_dir, rank, mine)
 
     count, budget = lanes
-    timings = Lanes(plan, todo, source, converter, out_dir, count, budget, on_bytes, on_shard).run()
+    timings = Lanes(plan, todo, source, converter, out_dir, count, budget, on_bytes, on_shard, on_converted).run()
     return mine, timings

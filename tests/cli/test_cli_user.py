@@ -94,7 +94,8 @@ def test_progress_without_a_terminal_is_plain_lines_and_the_error_comes_last(tin
     lines = r.stderr.splitlines()
     assert "\r" not in r.stderr and len(lines) >= 3
     assert all(
-        re.fullmatch(r"converting: [0-9.]+ [kMG]?B of [0-9.]+ MB \(\d+%\), [0-9.]+ [kMG]?B/s(, about \d+ s left)?", ln)
+        re.fullmatch(r"converting: [0-9.]+ [kMG]?B of [0-9.]+ MB \(\d+%\), [0-9.]+ [kMG]?B/s"
+                     r"(, about [0-9.]+ (s|min|h) left)?", ln)
         for ln in lines
     ), lines
     assert lines[-1].startswith("converting: ") and "(100%)" in lines[-1]

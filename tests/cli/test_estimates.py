@@ -6,6 +6,7 @@ The model is tested on injected timings (a fake clock), so no test depends on ho
 
 from __future__ import annotations
 
+import io
 import re
 import time
 import types
@@ -46,7 +47,7 @@ def test_samples_are_the_largest_and_smallest_of_each_kind(units, want):
     (LEGS, {"l1.0": 0.03, "l2.0": 0.4}, 2 * 0.03 + 0.4),
 ])
 def test_unit_seconds_is_a_line_through_the_samples_of_each_kind(units, timed, want):
-    assert eta.unit_seconds(units, timed) == pytest.approx(want, rel=1e-12)
+    assert eta.unit_seconds(units, {u: timed[u.key] for u in units if u.key in timed}) == pytest.approx(want, rel=1e-12)
 
 
 def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
@@ -59,7 +60,7 @@ def test_the_progress_rate_is_that_of_the_last_seconds(monkeypatch):
     assert p.line() == "converting: 1.00 MB of 100.00 MB (1%), 100.00 kB/s"  # one point: no time left yet
     now[0] = 111.0
     p(11_000_000, 100_000_000)  # 10 MB in the second since the first call
-    assert p.line() == "converting: 11.00 MB of 100.00 MB (11%), 10.00 MB/s, about 9 s left"
+    assert p.line() == "converting: 11.00 MB of 100.00 MB (11%), 10.00 MB/s, about 8.9 s left"
     for second in range(1, 21):  # then 2 MB/s for 20 s: the window forgets the fast second
         now[0] = 111.0 + second
         p(11_000_000 + second * 2_000_000, 100_000_000)
@@ -100,13 +101,14 @@ def progress_at(monkeypatch, share: float, parts: bool):
 
 
 @pytest.mark.parametrize("parts, within_2x", [
-    (True, True),  # copies and units each at its own seconds per byte: 9.9 s left said of 9.9 s
-    (False, False),  # one byte rate, the copies' mostly: 0.5 s said of 9.9 s
+    (True, True),  # copies and units each at its own seconds per byte: 9.7 s left said of 9.7 s
+    (False, False),  # one byte rate, the copies' mostly: 0.5 s said of 9.7 s
 ])
-def test_the_time_left_at_10_percent_is_within_2x_when_copies_and_units_are_rated_apart(monkeypatch, parts,
+def test_the_time_left_at_12_percent_is_within_2x_when_copies_and_units_are_rated_apart(monkeypatch, parts,
                                                                                         within_2x):
-    p, truth = progress_at(monkeypatch, 0.10, parts)
-    assert p.done == (COPY_MB + 1) * MB  # the copies are done by then, and the first unit MB
+    p, truth = progress_at(monkeypatch, 0.115, parts)
+    # the copies are done by then, and three units' MB: the first is the pipeline's fill, the next two have a cost
+    assert p.done == (COPY_MB + 3) * MB
     said = p.seconds_left()
     assert (0.5 <= said / truth <= 2.0) is within_2x, (said, truth)
 
@@ -115,8 +117,10 @@ def test_the_time_left_counts_the_units_once_they_have_a_rate(monkeypatch):
     p, truth = progress_at(monkeypatch, 0.05, parts=True)  # copies under way, no unit written yet
     assert p.seconds_left() is None
     assert not console.Progress.line(p).endswith("s left")
-    p, truth = progress_at(monkeypatch, 0.10, parts=True)
-    assert console.Progress.line(p) == "converting: 201.00 MB of 300.00 MB (67%), 182.65 MB/s, about 10 s left"
+    p, truth = progress_at(monkeypatch, 0.10, parts=True)  # one unit MB written: the pipeline's fill
+    assert p.seconds_left() is None
+    p, truth = progress_at(monkeypatch, 0.115, parts=True)
+    assert console.Progress.line(p) == "converting: 203.00 MB of 300.00 MB (68%), 155.98 MB/s, about 9.7 s left"
     assert p.seconds_left() == pytest.approx(truth, rel=1e-9)
 
 
@@ -238,3 +242,146 @@ def test_a_dry_run_counts_the_seconds_before_its_plan_as_a_conversion_pays_them(
     res = conversion.convert(str(tiny_ckpt), str(tmp_path / "out"), target="bf16", dry_run=True)
     assert re.search(r"opening SRC and planning 5\d\.\d s", res.estimate), res.estimate
     assert 50.0 < res.estimate_seconds < 50.0 + 60.0, res.estimate  # the rest: seconds of real work, measured
+
+
+def fake_progress(monkeypatch):
+    """A Progress on a fake clock (`now[0]`, seconds) that shows lines (the rank check passed)."""
+    now = [0.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
+    p = console.Progress("converting", enabled=False)
+    p.enabled = True
+    return p, now
+
+
+def copies_done_units_none(copied_mb: int) -> dict:
+    return {console.COPIES: (copied_mb * MB, COPY_MB * MB), console.UNITS: (0, UNIT_MB * MB)}
+
+
+def test_the_time_left_is_known_from_the_first_unit_run_before_any_output_is_written(monkeypatch, capsys):
+    """A whole-block unit's outputs come after many seconds of copies and runs: the units' cost is that of their
+    runs until then, and the first line with a time left is printed at once (not PLAIN_EVERY_S later)."""
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+    now[0] = 1.0
+    p(1 * MB, total, parts=copies_done_units_none(1))
+    now[0] = 1.5
+    p(101 * MB, total, parts=copies_done_units_none(101))  # copies: 100 MB in 0.5 s
+    assert p.seconds_left() is None and p.left() == ""  # no unit run yet: the units' cost is not known
+    now[0] = 2.0
+    p(101 * MB, total, parts=copies_done_units_none(101), runs_left=10.0)  # a unit run, none written
+    assert p.seconds_left() == pytest.approx(99 * 0.005 + 10.0, rel=1e-12)  # copies: 99 MB left at 5 ms/MB
+    assert capsys.readouterr().err.splitlines()[-1] == ("converting: 101.00 MB of 300.00 MB (34%), 100.00 MB/s, "
+                                                        "about 10 s left")
+
+
+@pytest.mark.parametrize("writes, runs_left, want_s", [
+    # the first unit's 10 MB written 3.1 s after the copies: the pipeline's fill (its read, its first run), not
+    # charged; the next 10 MB 1.1 s later: 0.11 s/MB for the 80 MB left, more than the runs' 8 s
+    ([(4.1, 10), (5.2, 10)], 8.0, 80 * 0.11),
+    ([(4.1, 10), (5.2, 10)], 24.0, 24.0),  # runs slower than what was written: their seconds
+    # a unit's 24-byte scale written 0.1 s after its weight: its cost per byte counts once 10 MB are charged
+    ([(4.1, 10), (4.2, 24e-6)], 8.0, 8.0),
+    ([(4.1, 10), (4.2, 24e-6), (5.3, 10)], 8.0, (UNIT_MB - 20 - 24e-6) * 1.2 / (10 + 24e-6)),
+])
+def test_the_units_time_left_is_the_larger_of_their_runs_and_their_writes_after_the_pipelines_fill(monkeypatch,
+                                                                                                   writes, runs_left,
+                                                                                                   want_s):
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+    units = 0
+
+    def parts() -> dict:
+        return {console.COPIES: (COPY_MB * MB, COPY_MB * MB), console.UNITS: (units, UNIT_MB * MB)}
+
+    now[0] = 1.0
+    p(COPY_MB * MB, total, parts=parts())
+    now[0] = 4.0
+    p(COPY_MB * MB, total, parts=parts(), runs_left=27.0)  # the first unit run
+    for t, mb in writes:
+        now[0], units = t, units + round(mb * MB)
+        p(COPY_MB * MB + units, total, parts=parts(), runs_left=runs_left)
+    assert p.seconds_left() == pytest.approx(want_s, rel=1e-9)
+
+
+def test_the_first_time_left_and_the_first_from_warm_runs_are_printed_at_once_then_every_few_seconds(monkeypatch,
+                                                                                                     capsys):
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+    printed = []
+    for t, copied, runs_left, warm in [
+        (1.0, 1, None, False),
+        (1.5, 101, None, False),  # no time left known yet
+        (2.0, 101, 30.0, False),  # the first unit run: its time left at once
+        (2.1, 102, 30.0, False),
+        (2.2, 102, 10.0, True),  # a second run of its kind: at once again
+        (2.3, 103, 10.0, True),  # then one every PLAIN_EVERY_S
+        (7.1, 103, 10.0, True),  # 4.9 s after the last line: none
+        (7.3, 103, 10.0, True),
+    ]:
+        now[0] = t
+        p(copied * MB, total, parts=copies_done_units_none(copied), runs_left=runs_left, runs_warm=warm)
+        printed += [(t, line.rpartition(", ")[2]) for line in capsys.readouterr().err.splitlines()]
+    # copies: 99 MB left at 5 ms/MB, then 98 and 97 MB at 6 and 6.9 ms/MB
+    assert printed == [(2.0, "about 30 s left"), (2.2, "about 11 s left"), (7.3, "about 11 s left")]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_terminals_bar_shows_the_time_left_of_the_plain_line_not_tqdms(monkeypatch):
+    """tqdm's own time left comes from its byte rate (copies at disk speed): the bar shows ours instead."""
+    p, now = fake_progress(monkeypatch)
+    monkeypatch.setattr(console.sys, "stderr", Terminal())
+    monkeypatch.setattr(console, "terminal_columns", lambda: 120)
+    total = (COPY_MB + UNIT_MB) * MB
+    now[0] = 1.0
+    p(1 * MB, total, parts=copies_done_units_none(1))
+    now[0] = 1.5
+    p(101 * MB, total, parts=copies_done_units_none(101))
+    now[0] = 2.0
+    p(101 * MB, total, parts=copies_done_units_none(101), runs_left=10.0)
+    try:
+        bar = str(p.bar)
+        assert p.left() == "about 10 s left" and p.line().endswith(", about 10 s left")
+        assert re.fullmatch(r"converting:  34%\|.*\| 101M/300M \[00:0\d, [0-9.]+[kMGT]?B/s, about 10 s left\]",
+                            bar), bar  # tqdm's own time left would follow the elapsed time as `00:00<00:05`
+    finally:
+        p.close()
+
+
+def test_a_conversion_tells_of_a_unit_run_before_its_outputs_are_written(tiny_ckpt, tmp_path):
+    calls = []
+
+    def progress(done, total, parts=None, runs_left=None, runs_warm=False):
+        calls.append((parts[console.UNITS][0], runs_left, runs_warm))
+
+    progress.takes_parts = True
+    conversion.convert(str(tiny_ckpt), str(tmp_path / "out"), target="bf16", progress=progress)
+    first_run = next(i for i, (_, left, _) in enumerate(calls) if left is not None)
+    assert calls[first_run][0] == 0 and calls[first_run][1] > 0  # a time left before a unit's byte is written
+    assert calls[first_run][2] is False and calls[-1][1:] == (0.0, True)  # every unit run, kinds run twice
+
+
+L1 = [FakeUnit(f"l1.{i}", 100, leg="l1") for i in range(4)]
+L2 = [FakeUnit(f"l2.{i}", 50, leg="l2") for i in range(2)]
+
+
+@pytest.mark.parametrize("ran, left_s, warm", [
+    # one run: l1 at its 0.03 s/byte (first call included), l2 not run yet at the same
+    ([(L1[0], 3.0)], 3 * 100 * 0.03 + 2 * 50 * 0.03, False),
+    ([(L1[0], 3.0), (L2[0], 1.0)], 3 * 100 * 0.03 + 50 * 0.02, False),  # a first run of each kind
+    # a second l1 run: 0.01 s/byte from it alone (the first paid compiles and warm-ups)
+    ([(L1[0], 3.0), (L1[1], 1.0)], 2 * 100 * 0.01 + 2 * 50 * 0.01, True),
+    # l2's first run: its own 0.02 s/byte (one run of a kind counts until it has a second)
+    ([(L1[0], 3.0), (L1[1], 1.0), (L2[0], 1.0)], 2 * 100 * 0.01 + 50 * 0.02, True),
+    ([(u, 1.0) for u in L1 + L2], 0.0, True),  # every unit run
+])
+def test_the_units_runs_left_are_timed_by_kind_from_the_runs_so_far_less_each_kinds_first_run(ran, left_s, warm):
+    runs = eta.UnitRuns(L1 + L2)
+    assert runs.seconds_left is None
+    for unit, seconds in ran:
+        runs.ran(unit, seconds)
+    assert runs.seconds_left == pytest.approx(left_s, rel=1e-12, abs=1e-12)
+    assert runs.warm is warm
