@@ -16,6 +16,7 @@ values), and only the conversion's share is estimated."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import statistics
@@ -34,6 +35,7 @@ WRITE_SAMPLE_BYTES = 32 << 20  # bytes written to a probe file in OUT to measure
 PARALLEL_PROBES = 5  # probes of the free cores, the median kept
 WARM_RUNS = 3  # warm runs of each sample unit at most, the median kept: a busy machine stalls one now and then
 WARM_BUDGET_S = 0.5  # seconds of warm runs per sample unit after which no more are started
+LATEST_RUNS = 3  # runs of a size whose median times it during a conversion (eta.UnitRuns)
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,8 @@ def unit_seconds(units, timed: dict) -> float:
 
 
 class _Timed:
-    """A kind's timed units: the smallest and the largest (by output bytes, then key) with their seconds, and the
-    bytes and seconds of all of them."""
+    """A kind's timed units: the smallest and the largest (by output bytes) with their seconds (the median of the
+    latest runs of that size), and the bytes and seconds of all of them."""
 
     def __init__(self):
         self.small = self.big = None
@@ -112,17 +114,28 @@ class _Timed:
         self.nbytes = 0
 
     def add(self, unit, seconds: float) -> None:
-        if self.small is None or (unit.out_bytes, unit.key) < (self.small.out_bytes, self.small.key):
-            self.small, self.t_small = unit, seconds
-        if self.big is None or (unit.out_bytes, unit.key) > (self.big.out_bytes, self.big.key):
-            self.big, self.t_big = unit, seconds
+        # the smallest and the largest size each timed by the median of its latest LATEST_RUNS runs: warm ones, not
+        # the first timed (a kind's second run can still pay warm-ups: 1.6x a warm one, measured), and not one
+        # run's noise alone
+        if self.small is None or unit.out_bytes <= self.small.out_bytes:
+            if self.small is None or unit.out_bytes < self.small.out_bytes:
+                self.small_runs = collections.deque(maxlen=LATEST_RUNS)
+            self.small_runs.append(seconds)
+            self.small, self.t_small = unit, statistics.median(self.small_runs)
+        if self.big is None or unit.out_bytes >= self.big.out_bytes:
+            if self.big is None or unit.out_bytes > self.big.out_bytes:
+                self.big_runs = collections.deque(maxlen=LATEST_RUNS)
+            self.big_runs.append(seconds)
+            self.big, self.t_big = unit, statistics.median(self.big_runs)
         self.nbytes += unit.out_bytes
         self.seconds += seconds
 
 
 def _kinds_seconds(kinds: dict[tuple, list[int]], timed: dict[tuple, _Timed]) -> float:
     """unit_seconds of {kind: [units, their output bytes]}, from {kind: its timed units}."""
-    per_byte_all = sum(t.seconds for t in timed.values()) / max(sum(t.nbytes for t in timed.values()), 1)
+    # seconds per byte from each kind's latest run of its largest size: a mean over every run so far keeps the
+    # warm-ups of the first ones for long (1.5x the truth a fifth into a megamoe run, measured)
+    per_byte_all = sum(t.t_big for t in timed.values()) / max(sum(t.big.out_bytes for t in timed.values()), 1)
     total = 0.0
     for kind, (count, nbytes) in kinds.items():
         t = timed.get(kind)
@@ -131,8 +144,8 @@ def _kinds_seconds(kinds: dict[tuple, list[int]], timed: dict[tuple, _Timed]) ->
         elif t.big.out_bytes > t.small.out_bytes:
             per_byte = max(t.t_big - t.t_small, 0.0) / (t.big.out_bytes - t.small.out_bytes)
             total += count * t.t_small + (nbytes - count * t.small.out_bytes) * per_byte
-        else:  # one size timed: its seconds per byte for all of the kind (for the dry run: the same per unit)
-            total += nbytes * t.seconds / max(t.nbytes, 1)
+        else:  # one size timed: its latest run's seconds per byte for all of the kind
+            total += nbytes * t.t_big / max(t.big.out_bytes, 1)
     return total
 
 

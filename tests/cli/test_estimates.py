@@ -385,3 +385,54 @@ def test_the_units_runs_left_are_timed_by_kind_from_the_runs_so_far_less_each_ki
         runs.ran(unit, seconds)
     assert runs.seconds_left == pytest.approx(left_s, rel=1e-12, abs=1e-12)
     assert runs.warm is warm
+
+
+L1_MANY = [FakeUnit(f"l1.{i}-{i + 1}", 100, leg="l1") for i in range(10)] + [FakeUnit("l1.10-11", 20, leg="l1")]
+
+
+def _l1(*seconds) -> list:
+    return [(L1_MANY[i], s) for i, s in enumerate(seconds)]
+
+
+@pytest.mark.parametrize("ran, left_s", [
+    # runs 2 and 3 still warming up (1.6 s, 1.5 s), then warm (1.0 s): the median of a size's latest 3 runs, not the
+    # mean since the second run (1.28 s a unit), nor the first timed of the size by key order
+    (_l1(3.0, 1.6, 1.5, 1.0, 1.0), 5 * 1.0 + 20 * 0.01),
+    # the smallest size runs: a line through each size's (0.2 s at 20 bytes, 1.0 s at 100)
+    (_l1(3.0, 1.6, 1.5, 1.0, 1.0) + [(L1_MANY[10], 0.2)], 5 * 0.2 + (500 - 5 * 20) * 0.01),
+    (_l1(3.0, 1.0, 1.0, 1.0, 1.6), 5 * 1.0 + 20 * 0.01),  # one slow run among warm ones: not alone
+    (_l1(3.0, 1.0, 1.0, 1.2, 1.2), 5 * 1.2 + 20 * 0.012),  # a slowdown that lasts: counted
+])
+def test_a_kinds_seconds_rest_on_its_latest_runs_of_each_size(ran, left_s):
+    runs = eta.UnitRuns(L1_MANY)
+    for unit, seconds in ran:
+        runs.ran(unit, seconds)
+    assert runs.seconds_left == pytest.approx(left_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("written_mb, want_s", [
+    (5, 8.0),  # 5 of 100 MB written, at a warm-up pace (1 s/MB): the warm runs' 8 s alone
+    (21, (UNIT_MB - 21) * 0.11),  # a tenth and more written: the larger of the two (0.11 s/MB past the fill)
+])
+def test_the_units_first_bytes_written_do_not_outweigh_warm_runs(monkeypatch, written_mb, want_s):
+    p, now = fake_progress(monkeypatch)
+    total = (COPY_MB + UNIT_MB) * MB
+
+    def parts(units: int) -> dict:
+        return {console.COPIES: (COPY_MB * MB, COPY_MB * MB), console.UNITS: (units, UNIT_MB * MB)}
+
+    now[0] = 1.0
+    p(COPY_MB * MB, total, parts=parts(0))
+    now[0] = 4.0
+    p(COPY_MB * MB, total, parts=parts(0), runs_left=27.0)
+    now[0] = 4.1
+    p(COPY_MB * MB + 1 * MB, total, parts=parts(1 * MB), runs_left=27.0)  # the pipeline's fill
+    if written_mb < 10:
+        now[0] = 8.1
+        p(COPY_MB * MB + 5 * MB, total, parts=parts(5 * MB), runs_left=8.0, runs_warm=True)
+    else:
+        now[0] = 5.2
+        p(COPY_MB * MB + 11 * MB, total, parts=parts(11 * MB), runs_left=8.0, runs_warm=True)
+        now[0] = 6.3
+        p(COPY_MB * MB + 21 * MB, total, parts=parts(21 * MB), runs_left=8.0, runs_warm=True)
+    assert p.seconds_left() == pytest.approx(want_s, rel=1e-9)
