@@ -222,17 +222,6 @@ def test_streams_begun_early_are_taken_over_by_the_conversion(served, tiny_ckpt,
 
 
 @pytest.mark.slow
-def test_a_tight_memory_budget_reads_again_what_it_could_not_keep(served, tiny_ckpt, tmp_path, monkeypatch):
-    """With room for few tensors, streams skip tensors not yet asked for and the conversion fetches them again
-    by range (checked against the hash of the bytes skipped): the same output."""
-    out = tmp_path / "streamed"
-    res = convert(REPO, str(out), "bf16", stream=True, shard_size="1MB", max_memory="2MiB")
-    ref = downloaded(tiny_ckpt, tmp_path, monkeypatch, "bf16", shard_size="1MB")
-    assert same_files(out, ref) == []
-    assert res.bytes_fetched > sum((tiny_ckpt / s).stat().st_size for s in SHARDS)
-    assert any(r and not r.startswith("bytes=0-") for s in SHARDS for r in shard_gets(served, s))
-
-
 def test_a_corrupted_byte_stops_the_run_naming_the_shard(served, tiny_ckpt, tmp_path, monkeypatch):
     bad = SHARDS[2]
     offset = (tiny_ckpt / bad).stat().st_size - 100  # in the last tensor's bytes

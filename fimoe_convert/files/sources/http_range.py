@@ -16,10 +16,8 @@ import base64
 import http.client
 import json
 import re
-import ssl
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -204,6 +202,8 @@ def _connection(parts, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
         return conn, conn._fimoe_proxied
     if conn is not None:
         _close(conn)
+    import urllib.request  # here, not at import: the CLI's first lines need no proxy tables
+
     proxy = None if urllib.request.proxy_bypass(host) else urllib.request.getproxies().get(parts.scheme)
     proxied = False
     if proxy:
@@ -227,14 +227,16 @@ def _connection(parts, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
     return conn, proxied
 
 
-_TLS: ssl.SSLContext | None = None
+_TLS = None  # ssl.SSLContext, made on the first https connection
 
 
-def _tls() -> ssl.SSLContext:
+def _tls():
     """The system's trusted certificates, and certifi's where installed (huggingface_hub's HTTP client trusts
     those)."""
     global _TLS
     if _TLS is None:
+        import ssl
+
         ctx = ssl.create_default_context()
         try:
             import certifi
