@@ -93,25 +93,29 @@ def unit_seconds(units, timed: dict) -> float:
     a conversion ran so far (UnitRuns). Per kind, a line through its smallest and largest timed unit (a fixed cost
     per unit and a cost per byte), or where its timed units are of one size their seconds per byte; a kind with
     none timed at the seconds per byte of all the timed units."""
-    kinds: dict[tuple, list[int]] = {}
-    for u in units:
-        kinds.setdefault(_kind(u), [0, 0])
-        kinds[_kind(u)][0] += 1
-        kinds[_kind(u)][1] += u.out_bytes
     ends: dict[tuple, _Timed] = {}
     for u, secs in timed.items():
         ends.setdefault(_kind(u), _Timed()).add(u, secs)
-    return _kinds_seconds(kinds, ends)
+    return _kinds_seconds(_kind_totals(units), ends)
+
+
+def _kind_totals(units) -> dict[tuple, list[int]]:
+    """{kind: [units, their output bytes]}."""
+    kinds: dict[tuple, list[int]] = {}
+    for u in units:
+        count_bytes = kinds.setdefault(_kind(u), [0, 0])
+        count_bytes[0] += 1
+        count_bytes[1] += u.out_bytes
+    return kinds
 
 
 class _Timed:
     """A kind's timed units: the smallest and the largest (by output bytes) with their seconds (the median of the
-    latest runs of that size), and the bytes and seconds of all of them."""
+    latest runs of that size)."""
 
     def __init__(self):
         self.small = self.big = None
-        self.t_small = self.t_big = self.seconds = 0.0
-        self.nbytes = 0
+        self.t_small = self.t_big = 0.0
 
     def add(self, unit, seconds: float) -> None:
         # the smallest and the largest size each timed by the median of its latest LATEST_RUNS runs: warm ones, not
@@ -127,8 +131,6 @@ class _Timed:
                 self.big_runs = collections.deque(maxlen=LATEST_RUNS)
             self.big_runs.append(seconds)
             self.big, self.t_big = unit, statistics.median(self.big_runs)
-        self.nbytes += unit.out_bytes
-        self.seconds += seconds
 
 
 def _kinds_seconds(kinds: dict[tuple, list[int]], timed: dict[tuple, _Timed]) -> float:
@@ -157,11 +159,7 @@ class UnitRuns:
 
     def __init__(self, units):
         self.todo = {u.key for u in units}
-        self.kinds: dict[tuple, list[int]] = {}  # {kind: [units not yet run, their output bytes]}
-        for u in units:
-            self.kinds.setdefault(_kind(u), [0, 0])
-            self.kinds[_kind(u)][0] += 1
-            self.kinds[_kind(u)][1] += u.out_bytes
+        self.kinds = _kind_totals(units)  # {kind: [units not yet run, their output bytes]}
         self.runs: dict[tuple, int] = {}  # {kind: its units run}
         self.timed: dict[tuple, _Timed] = {}  # {kind: its runs that count}
         self.seconds_left: float | None = None  # None before any unit has run
