@@ -2,6 +2,7 @@
 host is kept and used again, a kept connection the server closed meanwhile is opened again at once (no retry, no
 back-off), a proxy from the environment carries the request, a redirect to another host drops the token."""
 
+import base64
 import re
 import threading
 from http.server import BaseHTTPRequestHandler
@@ -23,6 +24,7 @@ class _Server:
 
     def __init__(self, close_after: bool = False, redirect_to: str | None = None, proxy: bool = False):
         self.requests: list[tuple[str, str | None, int]] = []
+        self.proxy_auth: list[str | None] = []  # each request's Proxy-Authorization
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +35,7 @@ class _Server:
 
             def do_GET(self):
                 owner.requests.append((self.requestline, self.headers.get("Authorization"), self.client_address[1]))
+                owner.proxy_auth.append(self.headers.get("Proxy-Authorization"))
                 if redirect_to and self.path.startswith("/org/"):  # the Hub's resolve URL
                     self.send_response(302)
                     self.send_header("Location", redirect_to)
@@ -95,13 +98,17 @@ def test_reads_keep_one_connection_and_open_another_when_the_server_closed_it(no
     assert no_sleep == []
 
 
-def test_a_proxy_from_the_environment_carries_the_request(no_sleep, monkeypatch):
-    """HTTP_PROXY names a proxy: the GET goes there with the whole URL on its request line (the proxy here serves
-    the bytes itself); NO_PROXY naming the host goes direct."""
+@pytest.mark.parametrize("credentials, sent", [
+    ("", None),
+    ("me:s%40cret@", "Basic " + base64.b64encode(b"me:s@cret").decode()),  # the proxy URL's, percent-decoded
+])
+def test_a_proxy_from_the_environment_carries_the_request(no_sleep, monkeypatch, credentials, sent):
+    """HTTP_PROXY names a proxy: the GET goes there with the whole URL on its request line and the proxy's
+    credentials (the proxy here serves the bytes itself); NO_PROXY naming the host goes direct, without them."""
     proxy, origin = _Server(), _Server()
     try:
         url = f"{origin.url}/org/x/resolve/main/a.safetensors"
-        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", f"http://{credentials}"))
         assert read(url, 100, 300) == DATA[100:300]
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         monkeypatch.setattr(http_range, "_local", threading.local())
@@ -109,8 +116,9 @@ def test_a_proxy_from_the_environment_carries_the_request(no_sleep, monkeypatch)
     finally:
         proxy.close()
         origin.close()
-    assert [r for r, *_ in proxy.requests] == [f"GET {url} HTTP/1.1"]
+    assert [r for r, *_ in proxy.requests] == [f"GET {url} HTTP/1.1"] and proxy.proxy_auth == [sent]
     assert [r for r, *_ in origin.requests] == ["GET /org/x/resolve/main/a.safetensors HTTP/1.1"]
+    assert origin.proxy_auth == [None]
 
 
 @pytest.mark.parametrize("same_host", [True, False])

@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urljoin, urlsplit
 
 from ...errors import InputError, redact
@@ -33,7 +34,18 @@ HEAD_READ_BYTES = 64 << 10  # bytes per read of a header: each read returns what
 MAX_REDIRECTS = 5
 ERROR_BODY_BYTES = 4096  # bytes of a refusal's body read for its message
 _RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-_local = threading.local()  # per thread: {(scheme, host, port): open connection}
+_local = threading.local()  # per thread: {(scheme, host, port): _Kept}
+
+
+@dataclass
+class _Kept:
+    """A thread's connection to one host: through a plain HTTP proxy (`proxied`: the request line names the whole
+    URL, with the proxy's credentials in `extra`), and whether a request went on it yet."""
+
+    conn: http.client.HTTPConnection
+    proxied: bool = False
+    extra: dict = field(default_factory=dict)
+    used: bool = False
 
 
 class Stop(Exception):
@@ -128,9 +140,8 @@ def _attempt(url: str, pos: int, end: int, into, token, where: str, deadline: fl
             conn, r = _get(url, headers)
             if r.status in (301, 302, 303, 307, 308) and r.getheader("Location"):
                 target = urljoin(url, r.getheader("Location"))
-                if urlsplit(target).netloc != urlsplit(url).netloc:
-                    headers.pop("authorization", None)  # the token is the Hub's: never sent to a storage host
-                    headers.pop("Authorization", None)
+                if urlsplit(target).netloc != urlsplit(url).netloc:  # the token is the Hub's: not for a storage host
+                    headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
                 _drain(conn, r)
                 url = target
                 continue
@@ -176,55 +187,52 @@ def _get(url: str, headers: dict) -> tuple[http.client.HTTPConnection, http.clie
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     for fresh in (False, True):
-        conn, proxied = _connection(parts, fresh)
+        kept = _connection(parts, fresh)
+        used, kept.used = kept.used, True
         try:
-            conn.request("GET", url if proxied else path, headers=headers)
-            return conn, conn.getresponse()
+            kept.conn.request("GET", url if kept.proxied else path, headers={**headers, **kept.extra})
+            return kept.conn, kept.conn.getresponse()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.BadStatusLine):
-            _close(conn)
-            if fresh or not getattr(conn, "_fimoe_used", False):
+            _close(kept.conn)
+            if fresh or not used:
                 raise
-        finally:
-            conn._fimoe_used = True
     raise AssertionError("unreachable")
 
 
-def _connection(parts, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
-    """This thread's connection to the host of `parts` (through the environment's proxy, if any), and whether it
-    goes through a plain HTTP proxy (the request line then names the whole URL)."""
+def _connection(parts, fresh: bool) -> _Kept:
+    """This thread's connection to the host of `parts` (through the environment's proxy, if any); a new one with
+    `fresh` or where the kept one is closed."""
     https = parts.scheme == "https"
     host, port = parts.hostname or "", parts.port or (443 if https else 80)
     key = (parts.scheme, host, port)
     conns = _local.__dict__.setdefault("conns", {})
-    conn = conns.get(key)
-    if conn is not None and not fresh and conn.sock is not None:
-        conn.sock.settimeout(STALL_SECONDS)
-        return conn, conn._fimoe_proxied
-    if conn is not None:
-        _close(conn)
+    kept = conns.get(key)
+    if kept is not None and not fresh and kept.conn.sock is not None:
+        kept.conn.sock.settimeout(STALL_SECONDS)
+        return kept
+    if kept is not None:
+        _close(kept.conn)
     import urllib.request  # here, not at import: the CLI's first lines need no proxy tables
 
     proxy = None if urllib.request.proxy_bypass(host) else urllib.request.getproxies().get(parts.scheme)
-    proxied = False
     if proxy:
         p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
         auth = {}
         if p.username:
             cred = f"{unquote(p.username)}:{unquote(p.password or '')}".encode()
             auth = {"Proxy-Authorization": "Basic " + base64.b64encode(cred).decode()}
-        if https:
+        if https:  # CONNECT through the proxy, then TLS with the host itself
             conn = http.client.HTTPSConnection(p.hostname, p.port or 80, timeout=STALL_SECONDS, context=_tls())
             conn.set_tunnel(host, port, headers=auth)
+            kept = _Kept(conn)
         else:
-            conn = http.client.HTTPConnection(p.hostname, p.port or 80, timeout=STALL_SECONDS)
-            proxied = True
+            kept = _Kept(http.client.HTTPConnection(p.hostname, p.port or 80, timeout=STALL_SECONDS), True, auth)
     elif https:
-        conn = http.client.HTTPSConnection(host, port, timeout=STALL_SECONDS, context=_tls())
+        kept = _Kept(http.client.HTTPSConnection(host, port, timeout=STALL_SECONDS, context=_tls()))
     else:
-        conn = http.client.HTTPConnection(host, port, timeout=STALL_SECONDS)
-    conn._fimoe_proxied, conn._fimoe_used = proxied, False
-    conns[key] = conn
-    return conn, proxied
+        kept = _Kept(http.client.HTTPConnection(host, port, timeout=STALL_SECONDS))
+    conns[key] = kept
+    return kept
 
 
 _TLS = None  # ssl.SSLContext, made on the first https connection
